@@ -1,0 +1,3 @@
+from draftless.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,353 @@
+"""The `draftless` command line: generate, chat, probe, tokenize, bench, demo.
+
+User mistakes (a missing model, a bad option, an unreadable reference) print one line,
+`draftless: error: ...`, and exit 2; no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from draftless.decoder import DecoderOptionsError, GenerationResult, SpecOptions, SpeculativeDecoder
+from draftless.gate import GateOptionsError
+from draftless.models.base import Model, ModelError, StreamDecoder
+from draftless.models.registry import BACKENDS, DEFAULT_MODEL, load_model
+from draftless.progress import Spinner
+from draftless.sampling import OptionsError, SamplingOptions
+
+MAX_REFERENCES = 8
+MAX_REFERENCE_BYTES = 4 * 1024 * 1024  # a reference file larger than this is refused
+
+
+class UsageError(Exception):
+    """A user mistake: printed as one line, exit status 2."""
+
+
+USER_ERRORS = (UsageError, ModelError, OptionsError, GateOptionsError, DecoderOptionsError)
+
+
+# -- shared options ------------------------------------------------------------------------
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", "-m", default=DEFAULT_MODEL,
+                   help=f"registry name (smollm2, gemma3-270m) or a path (default {DEFAULT_MODEL})")
+    p.add_argument("--backend", choices=BACKENDS, default="auto",
+                   help="auto: llama.cpp for GGUF when installed, else transformers")
+    p.add_argument("--device", default=None, help="transformers device (cpu, cuda, cuda:1)")
+    p.add_argument("--n-ctx", type=int, default=None, help="llama.cpp context size")
+
+
+def add_sampling_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sampling")
+    g.add_argument("--temperature", type=float, default=0.0, help="<= 0: greedy (default)")
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--min-p", type=float, default=0.0)
+    g.add_argument("--repeat-penalty", type=float, default=1.0)
+    g.add_argument("--frequency-penalty", type=float, default=0.0)
+    g.add_argument("--presence-penalty", type=float, default=0.0)
+    g.add_argument("--penalty-last-n", type=int, default=64)
+    g.add_argument("--seed", type=int, default=None)
+
+
+def add_spec_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("speculation")
+    g.add_argument("--spec", action="store_true", help="speculate (lossless)")
+    g.add_argument("--max-draft", type=int, default=16, help="draft tokens per verify at most")
+    g.add_argument("--spec-ref", action="append", default=[], metavar="FILE",
+                   help=f"reference document to draft from (repeatable, up to {MAX_REFERENCES})")
+    g.add_argument("--no-gate", action="store_true", help="verify every draft (for measurement)")
+
+
+def sampling_from(args: argparse.Namespace) -> SamplingOptions:
+    return SamplingOptions(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+        repeat_penalty=args.repeat_penalty, frequency_penalty=args.frequency_penalty,
+        presence_penalty=args.presence_penalty, penalty_last_n=args.penalty_last_n,
+        seed=args.seed,
+    )
+
+
+def open_model(args: argparse.Namespace, *, quiet: bool = False) -> Model:
+    options: dict[str, Any] = {}
+    if getattr(args, "device", None):
+        options["device"] = args.device
+    if getattr(args, "n_ctx", None):
+        options["n_ctx"] = args.n_ctx
+    with Spinner(f"loading {args.model}", force=False) if not quiet else _null():
+        return load_model(args.model, backend=args.backend, **options)
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def read_text_file(path: str, what: str) -> str:
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"{what} not found: {path}")
+    size = p.stat().st_size
+    if what == "reference" and size > MAX_REFERENCE_BYTES:
+        raise UsageError(f"reference {path} is {size} bytes; the limit is {MAX_REFERENCE_BYTES}")
+    data = p.read_bytes()
+    if b"\0" in data[:8192]:
+        raise UsageError(f"{what} {path} is a binary file, not text")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UsageError(f"{what} {path} is not UTF-8 text (byte {err.start})") from None
+
+
+def load_references(model: Model, paths: Sequence[str]) -> list[list[int]]:
+    if len(paths) > MAX_REFERENCES:
+        raise UsageError(f"at most {MAX_REFERENCES} references, got {len(paths)}")
+    return [model.tokenizer.encode(read_text_file(p, "reference")) for p in paths]
+
+
+def make_source(model: Model, references: Sequence[Sequence[int]]) -> Any:
+    from draftless.sources import SpeculationIndex
+
+    index = SpeculationIndex(model.vocab_size)
+    for ref in references:
+        index.add_reference(ref)
+    return index
+
+
+def prompt_ids(model: Model, text: str, *, chat: bool, system: str | None) -> list[int]:
+    if not text.strip():
+        raise UsageError("the prompt is empty")
+    if chat:
+        messages = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": text}
+        ]
+        return model.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    return model.tokenizer.encode(text, add_special=True)
+
+
+def spec_summary(result: GenerationResult, source: Any) -> str:
+    s = result.stats
+    line = (f"spec: steps={s.steps} committed={s.committed} ({s.tokens_per_step:.2f} tok/step) "
+            f"drafted={s.drafted} accepted={s.accepted} ({100 * s.acceptance:.0f}% acc) "
+            f"gate off={s.gate_off} on={s.gate_on} probes={s.gate_probes}")
+    if source is not None and hasattr(source, "stats"):
+        parts = [f"{st.name} {st.accepted}/{st.drafted}" + (" muted" if st.muted else "")
+                 for st in source.stats()]
+        line += " | sources: " + ", ".join(parts)
+    return line
+
+
+def stats_json(result: GenerationResult, source: Any) -> dict[str, Any]:
+    s = result.stats
+    out: dict[str, Any] = asdict(s)
+    out.update(tokens_per_step=round(s.tokens_per_step, 4), acceptance=round(s.acceptance, 4))
+    if source is not None and hasattr(source, "stats"):
+        out["sources"] = [
+            {"name": st.name, "accepted": st.accepted, "drafted": st.drafted, "muted": st.muted}
+            for st in source.stats()
+        ]
+    return out
+
+
+# -- generate ------------------------------------------------------------------------------
+def cmd_generate(args: argparse.Namespace) -> int:
+    if args.max_new_tokens < 1:
+        raise UsageError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if (args.prompt is None) == (args.prompt_file is None):
+        raise UsageError("give exactly one of --prompt or --prompt-file")
+    text = args.prompt if args.prompt is not None else read_text_file(args.prompt_file, "prompt file")
+    sampling = sampling_from(args)
+    spec = SpecOptions(max_draft=args.max_draft, gate=not args.no_gate)
+    if args.spec_ref and not args.spec:
+        raise UsageError("--spec-ref needs --spec")
+    if len(args.spec_ref) > MAX_REFERENCES:
+        raise UsageError(f"at most {MAX_REFERENCES} references, got {len(args.spec_ref)}")
+    model = open_model(args)
+    ids = prompt_ids(model, text, chat=args.chat, system=args.system)
+    source = make_source(model, load_references(model, args.spec_ref)) if args.spec else None
+    from draftless.probe import cost_table_for
+
+    table, _origin = cost_table_for(model)
+    dec = SpeculativeDecoder(model, sampling=sampling, source=source, options=spec, cost_table=table)
+    dec.append(ids)
+    t0 = time.perf_counter()
+    out: list[int] = []
+    if args.json:
+        result = dec.generate(args.max_new_tokens)
+        out = result.token_ids
+    else:
+        stream = StreamDecoder(model.tokenizer)
+        stops = model.eos_token_ids
+        for chunk in dec.stream(args.max_new_tokens, stops):
+            out.extend(chunk)
+            for t in chunk:
+                if t not in stops:
+                    sys.stdout.write(stream.push(t))
+            sys.stdout.flush()
+        sys.stdout.write(stream.flush() + "\n")
+        reason = "stop" if out and out[-1] in stops else "length"
+        result = GenerationResult(out, reason, time.perf_counter() - t0, dec.stats, dec.seed)
+    seconds = result.seconds
+    if args.json:
+        shown = [t for t in out if t not in model.eos_token_ids]
+        payload: dict[str, Any] = {
+            "text": model.tokenizer.decode(shown, skip_special=True),
+            "token_ids": out,
+            "prompt_tokens": len(ids),
+            "new_tokens": len(out),
+            "seconds": round(seconds, 4),
+            "tokens_per_second": round(len(out) / seconds, 3) if seconds > 0 else None,
+            "stop_reason": result.stop_reason,
+            "seed": result.seed,
+            "model": model.name,
+            "backend": model.backend,
+        }
+        if args.spec:
+            payload["spec"] = stats_json(result, source)
+        print(json.dumps(payload, ensure_ascii=False))
+    else:
+        rate = len(out) / seconds if seconds > 0 else float("nan")
+        print(f"{len(out)} tokens in {seconds:.2f} s ({rate:.1f} tok/s)", file=sys.stderr)
+        if args.spec:
+            print(spec_summary(result, source), file=sys.stderr)
+    model.close()
+    return 0
+
+
+# -- probe ---------------------------------------------------------------------------------
+def cmd_probe(args: argparse.Namespace) -> int:
+    from draftless.probe import PROBE_KS, measure, store
+
+    if args.reps < 1:
+        raise UsageError("--reps must be >= 1")
+    model = open_model(args)
+    with Spinner("measuring verify costs"):
+        result = measure(model, ks=PROBE_KS, reps=args.reps, context=args.context)
+    print(f"verify cost C(k) of {model.name} on {model.backend} "
+          f"(plain step {1000 * result.plain_seconds:.2f} ms at {result.context} tokens of context)")
+    print("k\tC(k) plain steps\tbreak-even acceptance ~C(k)/k")
+    for k, c in zip(result.table.ks, result.table.costs):
+        print(f"{k}\t{c:.2f}\t{min(1.0, c / k):.0%}" if k > 1 else f"{k}\t{c:.2f}\t-")
+    if not args.no_store:
+        path = store(model, result)
+        print(f"stored in {path}; the decoder uses it by default for this model and backend")
+    model.close()
+    return 0
+
+
+# -- demo ----------------------------------------------------------------------------------
+DEMO_PASSAGE = (
+    "The Rhine rises in the Swiss Alps and flows for about 1,230 kilometres through "
+    "Switzerland, Liechtenstein, Austria, Germany, France and the Netherlands before it "
+    "empties into the North Sea. For centuries it has been one of the most important "
+    "waterways in Europe, carrying coal, grain and timber between the industrial heartlands "
+    "and the sea ports of Rotterdam and Antwerp. Castles line its middle valley, and the "
+    "steep vineyards on its banks produce some of the best known white wines in the world."
+)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from draftless.decoder import generate
+    from draftless.probe import cost_table_for
+
+    model = open_model(args)
+    table, origin = cost_table_for(model)
+    text = f"Repeat the following passage exactly, word for word:\n\n{DEMO_PASSAGE}"
+    ids = prompt_ids(model, text, chat=True, system=None)
+    print(f"model {model.name} ({model.backend}), cost table: {origin}; task: grounded copy, "
+          f"{len(ids)} prompt tokens, {args.max_new_tokens} new tokens max, greedy", flush=True)
+    generate(model, ids, 8)  # warm-up
+    runs: dict[str, list[GenerationResult]] = {"plain": [], "spec": []}
+    source = None
+    for _ in range(args.reps):  # alternate, so drift hits both alike
+        runs["plain"].append(generate(model, ids, args.max_new_tokens, cost_table=table))
+        source = make_source(model, [])
+        runs["spec"].append(generate(model, ids, args.max_new_tokens, source=source,
+                                     options=SpecOptions(max_draft=args.max_draft), cost_table=table))
+    plain, spec = runs["plain"][-1], runs["spec"][-1]
+    shown = [t for t in spec.token_ids if t not in model.eos_token_ids]
+    print("\n" + model.tokenizer.decode(shown, skip_special=True) + "\n")
+    identical = all(r.token_ids == plain.token_ids for r in runs["plain"] + runs["spec"])
+    med = lambda rs: sorted(r.seconds for r in rs)[len(rs) // 2]  # noqa: E731
+    tp, ts = med(runs["plain"]), med(runs["spec"])
+    print(spec_summary(spec, source))
+    print(f"plain: {len(plain.token_ids)} tokens, median {tp:.2f} s ({len(plain.token_ids) / tp:.1f} tok/s)")
+    print(f"spec:  {len(spec.token_ids)} tokens, median {ts:.2f} s ({len(spec.token_ids) / ts:.1f} tok/s)")
+    print(f"speedup {tp / ts:.2f}x over {args.reps} alternating runs; output identical to plain: "
+          f"{'yes' if identical else 'NO'}")
+    model.close()
+    return 0 if identical else 1
+
+
+# -- entry point ---------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="draftless",
+        description="Lossless speculative decoding with no draft model and no training.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate text (plain, or --spec to speculate)")
+    add_model_options(g)
+    g.add_argument("--prompt", "-p")
+    g.add_argument("--prompt-file")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    g.add_argument("--system", help="system message (with --chat)")
+    g.add_argument("--max-new-tokens", "-n", type=int, default=128)
+    g.add_argument("--json", action="store_true", help="print one JSON object")
+    add_sampling_options(g)
+    add_spec_options(g)
+    g.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("probe", help="measure this model's verify costs C(k) and store them")
+    add_model_options(p)
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--context", type=int, default=256)
+    p.add_argument("--no-store", action="store_true")
+    p.set_defaults(func=cmd_probe)
+
+    d = sub.add_parser("demo", help="speculative vs plain on a copy task, on the default model")
+    add_model_options(d)
+    d.add_argument("--max-new-tokens", "-n", type=int, default=160)
+    d.add_argument("--max-draft", type=int, default=16)
+    d.add_argument("--reps", type=int, default=3)
+    d.set_defaults(func=cmd_demo)
+
+    _add_optional_commands(sub)
+    return parser
+
+
+def _add_optional_commands(sub: Any) -> None:
+    """Subcommands whose modules register themselves (chat, tokenize, bench)."""
+    for module_name in ("draftless.repl", "draftless.tokenize_cli", "draftless.bench.cli"):
+        try:
+            module = __import__(module_name, fromlist=["register"])
+        except ModuleNotFoundError as err:
+            if err.name != module_name:
+                raise
+            continue
+        module.register(sub)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except USER_ERRORS as err:
+        print(f"draftless: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("draftless: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0

@@ -1,0 +1,285 @@
+"""The speculative decoder: draft -> verify -> accept -> truncate -> observe.
+
+The cache holds every committed token but the last one, the *carried* token. One step:
+
+    draft  = source.suggest(budget)                  e.g. carried 2, draft [7 7 4]
+    rows   = model.forward([carried, *draft])        [1 + len(draft), vocab]
+    row i is sampled with the full sampler; tokens are committed while the sampled token
+    equals draft[i]; the first mismatch is the correction, full acceptance earns the bonus
+    (the sample of the last row). Rows past the first mismatch are never sampled, so the RNG
+    advances exactly as in plain decoding: one draw per committed token.
+    model.truncate(...) drops the rows of rejected drafts; the last committed token is carried.
+
+A draft shorter than `min_draft`, or a step the cost gate refuses, is a plain step: forward
+of the carried token alone. Plain decoding is this loop with no source.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from draftless.gate import DEFAULT_COST_TABLES, CostGate, CostTable, GateOptions
+from draftless.models.base import Model
+from draftless.sampling import SamplingOptions, make_rng, sample
+from draftless.sources.base import DraftSource
+
+TOPK = 8  # candidates per row handed to sources that want them (the recycling width)
+
+# (position in the committed stream of the token this row decides, pre-penalty row [vocab])
+VerifyRowHook = Callable[[int, np.ndarray], None]
+
+
+class DecoderOptionsError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class SpecOptions:
+    max_draft: int = 16  # drafted tokens per verify at most
+    min_draft: int = 2  # shorter drafts fall back to a plain step
+    gate: bool = True  # False: verify every draft, whatever it costs
+    gate_options: GateOptions = field(default_factory=GateOptions)
+
+    def __post_init__(self) -> None:
+        if self.max_draft < 1:
+            raise DecoderOptionsError(f"max_draft must be >= 1, got {self.max_draft}")
+        if self.min_draft < 1:
+            raise DecoderOptionsError(f"min_draft must be >= 1, got {self.min_draft}")
+
+
+@dataclass(slots=True)
+class DecodeStats:
+    steps: int = 0  # forwards after the prompt
+    verify_steps: int = 0  # forwards that checked a draft
+    plain_steps: int = 0  # forwards of the carried token alone
+    committed: int = 0  # tokens committed (every step commits >= 1)
+    drafted: int = 0  # draft tokens sent to the model
+    accepted: int = 0  # draft tokens the model agreed with
+    bonus: int = 0  # verifies whose whole draft was accepted (the last row is free)
+    dropped: int = 0  # draft tokens outside the vocabulary, never sent
+    gate_off: int = 0  # times the gate turned speculation off
+    gate_on: int = 0  # times a probe turned it back on
+    gate_probes: int = 0
+    forward_seconds: float = 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.committed / self.steps if self.steps else 0.0
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationResult:
+    token_ids: list[int]  # generated tokens, the stop token included if one ended the run
+    stop_reason: str  # "stop" (an eos/stop id), "length"
+    seconds: float
+    stats: DecodeStats
+    seed: int
+
+
+class SpeculativeDecoder:
+    """Stateful decoding session over one model cache (a conversation).
+
+        dec = SpeculativeDecoder(model, sampling=SamplingOptions(), source=cascade)
+        dec.append(prompt_ids)
+        result = dec.generate(max_new_tokens=128)
+
+    `append` may be called again later (the next chat turn); the cache and the source keep
+    the whole stream.
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        *,
+        sampling: SamplingOptions | None = None,
+        source: DraftSource | None = None,
+        options: SpecOptions | None = None,
+        cost_table: CostTable | None = None,
+        clock: Callable[[], float] | None = time.perf_counter,
+        verify_row_hook: VerifyRowHook | None = None,
+    ) -> None:
+        self.model = model
+        self.sampling = sampling or SamplingOptions()
+        self.source = source
+        self.options = options or SpecOptions()
+        table = cost_table or DEFAULT_COST_TABLES.get(model.backend, DEFAULT_COST_TABLES["hf"])
+        self.gate = CostGate(table, self.options.gate_options)
+        self.clock = clock
+        self.hook = verify_row_hook
+        self.rng, self.seed = make_rng(self.sampling.seed)
+        self.vocab = model.vocab_size
+        self.history: list[int] = []  # every committed token, prompt included
+        self.carried: int | None = None  # last committed token, not yet in the cache
+        self.stats = DecodeStats()
+
+    # -- the stream ----------------------------------------------------------------------
+    def append(self, token_ids: Sequence[int]) -> None:
+        """Commit tokens that come from outside (a prompt, a chat turn) and feed the cache."""
+        ids = [int(t) for t in token_ids]
+        if not ids:
+            return
+        bad = [t for t in ids if not 0 <= t < self.vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {self.vocab})")
+        pending = ([self.carried] if self.carried is not None else []) + ids[:-1]
+        if pending:
+            self.model.prefill(pending)
+        self.carried = ids[-1]
+        self.history.extend(ids)
+        if self.source is not None:
+            self.source.observe(ids)
+
+    def reset(self) -> None:
+        self.model.truncate(0)
+        self.history.clear()
+        self.carried = None
+
+    # -- one step ------------------------------------------------------------------------
+    def step(self, max_tokens: int, stop_ids: frozenset[int] = frozenset()) -> list[int]:
+        """Run one forward; commit and return 1..max_tokens tokens (ending at a stop id)."""
+        if self.carried is None:
+            raise RuntimeError("append a prompt before decoding")
+        draft = self._draft(max_tokens - 1) if max_tokens > 1 else []
+        start = self.model.n_past
+        inputs = [self.carried, *draft]
+        t0 = self.clock() if self.clock else None
+        try:
+            rows = self.model.forward(inputs)  # [1 + len(draft), vocab]
+        except BaseException:
+            self.model.truncate(start)  # the cache never keeps unverified rows
+            raise
+        seconds = self.clock() - t0 if self.clock and t0 is not None else None
+        committed = self._accept(rows, draft, stop_ids)
+        self.model.truncate(start + len(committed))  # carried + the accepted drafts
+        self.carried = committed[-1]
+        self._account(draft, committed, seconds)
+        if self.source is not None:
+            if self.source.wants_topk:
+                top = topk_rows(rows[: len(committed)], TOPK)  # [m, TOPK]
+                self.source.observe_topk(inputs[: len(committed)], top)
+            self.source.observe(committed)
+        return committed
+
+    def _draft(self, room: int) -> list[int]:
+        """Ask the source for a draft that fits the gate's budget and `room`; [] = plain."""
+        if self.source is None or room < self.options.min_draft:
+            return []
+        if self.options.gate and not self.gate.allows():
+            return []
+        budget = min(room, self.gate.budget(self.options.max_draft), self.options.max_draft)
+        draft: list[int] = []
+        for t in self.source.suggest(budget)[:budget]:
+            t = int(t)
+            if not 0 <= t < self.vocab:  # never reaches the model; nor does what follows it
+                self.stats.dropped += 1
+                break
+            draft.append(t)
+        return draft if len(draft) >= self.options.min_draft else []
+
+    def _accept(self, rows: np.ndarray, draft: list[int], stop_ids: frozenset[int]) -> list[int]:
+        """Sample row by row; keep going while the sample equals the draft."""
+        committed: list[int] = []
+        for i in range(len(draft) + 1):
+            if self.hook is not None:
+                self.hook(len(self.history), rows[i])
+            token = sample(rows[i], self.history, self.sampling, self.rng)
+            committed.append(token)
+            self.history.append(token)  # penalties of row i+1 see it
+            if i == len(draft) or token != draft[i] or token in stop_ids:
+                break
+        return committed
+
+    def _account(self, draft: list[int], committed: list[int], seconds: float | None) -> None:
+        s = self.stats
+        s.steps += 1
+        s.committed += len(committed)
+        if seconds is not None:
+            s.forward_seconds += seconds
+        if not draft:
+            s.plain_steps += 1
+            if self.gate.allows():
+                self.gate.record_plain(seconds)
+            else:
+                self.gate.record_disabled_step(seconds)
+                self._sync_gate_stats()
+            return
+        n = len(committed)  # the last one is a correction or bonus unless a stop matched
+        accepted = n if n <= len(draft) and committed[-1] == draft[n - 1] else n - 1
+        s.verify_steps += 1
+        s.drafted += len(draft)
+        s.accepted += accepted
+        if len(committed) == len(draft) + 1:
+            s.bonus += 1
+        self.gate.record_verify(len(draft) + 1, len(draft), accepted, len(committed), seconds)
+        self._sync_gate_stats()
+
+    def _sync_gate_stats(self) -> None:
+        self.stats.gate_off = self.gate.turned_off
+        self.stats.gate_on = self.gate.turned_on
+        self.stats.gate_probes = self.gate.probes
+
+    # -- a whole generation --------------------------------------------------------------
+    def stream(
+        self, max_new_tokens: int, stop_ids: Iterable[int] | None = None
+    ) -> Iterator[list[int]]:
+        """Yield committed chunks until a stop id (included) or max_new_tokens."""
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        stops = frozenset(self.model.eos_token_ids if stop_ids is None else stop_ids)
+        left = max_new_tokens
+        while left > 0:
+            chunk = self.step(left, stops)
+            left -= len(chunk)
+            yield chunk
+            if chunk[-1] in stops:
+                return
+
+    def generate(
+        self, max_new_tokens: int, stop_ids: Iterable[int] | None = None
+    ) -> GenerationResult:
+        stops = frozenset(self.model.eos_token_ids if stop_ids is None else stop_ids)
+        t0 = time.perf_counter()
+        out: list[int] = []
+        for chunk in self.stream(max_new_tokens, stops):
+            out.extend(chunk)
+        reason = "stop" if out and out[-1] in stops else "length"
+        return GenerationResult(out, reason, time.perf_counter() - t0, self.stats, self.seed)
+
+
+def topk_rows(rows: np.ndarray, k: int) -> np.ndarray:
+    """Top-k token ids of each row, best first: [m, k] int32, without sorting whole rows."""
+    m, vocab = rows.shape
+    k = min(k, vocab)
+    part = np.argpartition(rows, vocab - k, axis=1)[:, vocab - k :]  # [m, k], unordered
+    order = np.argsort(-np.take_along_axis(rows, part, axis=1), axis=1, kind="stable")
+    return np.take_along_axis(part, order, axis=1).astype(np.int32)
+
+
+def generate(
+    model: Model,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    *,
+    sampling: SamplingOptions | None = None,
+    source: DraftSource | None = None,
+    options: SpecOptions | None = None,
+    stop_ids: Iterable[int] | None = None,
+    cost_table: CostTable | None = None,
+    verify_row_hook: VerifyRowHook | None = None,
+) -> GenerationResult:
+    """One generation from a fresh cache: plain when `source` is None, else speculative."""
+    model.truncate(0)
+    dec = SpeculativeDecoder(
+        model, sampling=sampling, source=source, options=options, cost_table=cost_table,
+        verify_row_hook=verify_row_hook,
+    )
+    dec.append(prompt_ids)
+    return dec.generate(max_new_tokens, stop_ids)

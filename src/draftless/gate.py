@@ -1,0 +1,275 @@
+"""The cost gate: speculate only while it pays.
+
+A verify forward of k new tokens costs C(k) plain-step equivalents and commits a + 1 tokens
+(a accepted drafts, plus the correction or bonus token, which is free). The gate estimates
+
+    est_speedup = sum(committed) / sum(verify cost)      over a rolling window of verifies
+
+and turns speculation off below `min_speedup`. Plain steps that happen because the source had
+no draft (fallback steps) cost what plain decoding costs and never enter the window.
+
+C(k) is a measured table (`CostTable`, interpolated), rescaled by live timings through a
+clamped EWMA multiplier: a noisy timing moves the estimate by at most `scale_alpha` of its
+clamped deviation, so one scheduler stall cannot flip the gate, while a machine whose
+economics differ from the table is learned within a few verifies.
+
+States: ON -> (est < min_speedup) -> OFF for `reprobe_after` plain steps -> PROBE of
+`probe_steps` verifies -> ON if est >= min_speedup + probe_margin (wait resets to the base),
+else OFF again with the wait doubled, up to `reprobe_max`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+
+class GateOptionsError(ValueError):
+    """Base of the gate's named option errors."""
+
+
+class RateWindowTooSmall(GateOptionsError):
+    pass
+
+
+class ProbeStepsZero(GateOptionsError):
+    pass
+
+
+class CostTableEmpty(GateOptionsError):
+    pass
+
+
+class ReprobeAfterZero(GateOptionsError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class CostTable:
+    """Verify cost of a forward of k new tokens, in plain-step equivalents (C(1) is 1)."""
+
+    ks: tuple[int, ...]  # strictly increasing forward widths
+    costs: tuple[float, ...]  # plain-step equivalents, one per k
+
+    def __post_init__(self) -> None:
+        if not self.ks:
+            raise CostTableEmpty("the cost table is empty: it needs at least one (k, cost) entry")
+        if len(self.ks) != len(self.costs):
+            raise GateOptionsError("cost table: ks and costs differ in length")
+        if any(k < 1 for k in self.ks) or any(b <= a for a, b in zip(self.ks, self.ks[1:])):
+            raise GateOptionsError(f"cost table: ks must be increasing integers >= 1, got {self.ks}")
+        if any(not math.isfinite(c) or c <= 0 for c in self.costs):
+            raise GateOptionsError(f"cost table: costs must be positive numbers, got {self.costs}")
+
+    @classmethod
+    def from_mapping(cls, table: Mapping[int, float]) -> CostTable:
+        items = sorted((int(k), float(c)) for k, c in table.items())
+        return cls(tuple(k for k, _ in items), tuple(c for _, c in items))
+
+    def cost(self, k: int) -> float:
+        """C(k), linearly interpolated; past the last entry, extended at the last slope
+        (or proportionally when the table has one entry); never below 1."""
+        ks, cs = self.ks, self.costs
+        if k <= ks[0]:
+            value = cs[0] if len(ks) > 1 or k == ks[0] else cs[0] * k / ks[0]
+        elif k >= ks[-1]:
+            if len(ks) == 1:
+                value = cs[0] * k / ks[0]
+            else:
+                slope = max(0.0, (cs[-1] - cs[-2]) / (ks[-1] - ks[-2]))
+                value = cs[-1] + slope * (k - ks[-1])
+        else:
+            i = next(i for i, kk in enumerate(ks) if kk >= k)
+            k0, k1, c0, c1 = ks[i - 1], ks[i], cs[i - 1], cs[i]
+            value = c0 + (c1 - c0) * (k - k0) / (k1 - k0)
+        return max(1.0, value)
+
+    def to_json(self) -> str:
+        return json.dumps({"ks": list(self.ks), "costs": list(self.costs)})
+
+    @classmethod
+    def load(cls, path: Path) -> CostTable:
+        data = json.loads(path.read_text())
+        return cls(tuple(int(k) for k in data["ks"]), tuple(float(c) for c in data["costs"]))
+
+
+# Shipped defaults, measured on a 2-core x86 machine with SmolLM2-135M (see `draftless probe`).
+DEFAULT_COST_TABLES: dict[str, CostTable] = {
+    "hf": CostTable((1, 2, 4, 8, 16, 32), (1.0, 1.08, 1.5, 2.0, 2.0, 2.5)),
+    "llamacpp": CostTable((1, 2, 4, 8, 16, 32), (1.0, 1.4, 2.2, 3.5, 6.2, 11.0)),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class GateOptions:
+    min_speedup: float = 1.0  # speculate while est_speedup >= this
+    probe_margin: float = 0.10  # a probe re-enables only at >= min_speedup + margin
+    window: int = 16  # verify steps in the rolling window
+    min_window_drafted: int = 8  # drafted tokens before the gate may act
+    min_window_verifies: int = 2  # verifies before the gate may act
+    reprobe_after: int = 128  # disabled steps before the first probe
+    reprobe_max: int = 1024  # cap of the doubling wait
+    probe_steps: int = 4  # verifies in one probe
+    scale_alpha: float = 0.2  # EWMA weight of one live timing
+    scale_min: float = 0.25  # clamp of the live multiplier
+    scale_max: float = 4.0
+
+    def __post_init__(self) -> None:
+        if self.window < 2 or self.window < self.min_window_verifies:
+            raise RateWindowTooSmall(
+                f"gate window must hold >= 2 verifies (and >= min_window_verifies), got {self.window}"
+            )
+        if self.probe_steps <= 0:
+            raise ProbeStepsZero("gate probe_steps must be >= 1")
+        if self.reprobe_after <= 0:
+            raise ReprobeAfterZero("gate reprobe_after must be >= 1")
+        if self.reprobe_max < self.reprobe_after:
+            raise GateOptionsError("gate reprobe_max must be >= reprobe_after")
+        if not 0.0 < self.scale_alpha <= 1.0:
+            raise GateOptionsError(f"gate scale_alpha must be in (0, 1], got {self.scale_alpha}")
+        if not 0.0 < self.scale_min <= 1.0 <= self.scale_max:
+            raise GateOptionsError("gate scale clamp must satisfy 0 < scale_min <= 1 <= scale_max")
+        if self.min_speedup <= 0 or self.probe_margin < 0:
+            raise GateOptionsError("gate min_speedup must be > 0 and probe_margin >= 0")
+
+
+class GateState(Enum):
+    ON = "on"
+    OFF = "off"
+    PROBE = "probe"
+
+
+@dataclass(slots=True)
+class _Verify:
+    drafted: int
+    accepted: int
+    committed: int
+    cost: float  # plain-step equivalents
+
+
+@dataclass
+class CostGate:
+    """Decides, step by step, whether the decoder should verify a draft.
+
+    Usage per decoder step:
+        if gate.allows():   verify; gate.record_verify(k, drafted, accepted, committed, seconds)
+        else:               plain step; gate.record_disabled_step(seconds)
+    and for a plain step taken because there was no draft: gate.record_plain(seconds).
+    """
+
+    table: CostTable
+    options: GateOptions = field(default_factory=GateOptions)
+
+    def __post_init__(self) -> None:
+        self.state = GateState.ON
+        self._window: deque[_Verify] = deque(maxlen=self.options.window)
+        self._scale = 1.0  # live multiplier on the table
+        self._plain_seconds: float | None = None  # EWMA of a plain step's wall time
+        self._wait = self.options.reprobe_after  # disabled steps before the next probe
+        self._left = 0  # disabled steps left, or probe verifies left
+        self.turned_off = 0
+        self.turned_on = 0
+        self.probes = 0
+
+    # -- queries -------------------------------------------------------------------------
+    def allows(self) -> bool:
+        return self.state is not GateState.OFF
+
+    def verify_cost(self, k: int) -> float:
+        """Cost of a forward of k new tokens in plain-step equivalents (never below 1)."""
+        return max(1.0, self._scale * self.table.cost(k))
+
+    @property
+    def scale(self) -> float:
+        return self._scale
+
+    def est_speedup(self) -> float | None:
+        cost = sum(v.cost for v in self._window)
+        return sum(v.committed for v in self._window) / cost if cost > 0 else None
+
+    def acceptance(self) -> float | None:
+        drafted = sum(v.drafted for v in self._window)
+        return sum(v.accepted for v in self._window) / drafted if drafted else None
+
+    def budget(self, max_draft: int) -> int:
+        """Adaptive draft budget: max(2, 2 + ceil(acceptance x max_draft)); max_draft when
+        the window is empty."""
+        acc = self.acceptance()
+        if acc is None:
+            return max_draft
+        return min(max_draft, max(2, 2 + math.ceil(acc * max_draft)))
+
+    # -- updates -------------------------------------------------------------------------
+    def record_plain(self, seconds: float | None = None) -> None:
+        """A plain step taken while the gate allowed speculation (no draft to verify)."""
+        self._time_plain(seconds)
+
+    def record_disabled_step(self, seconds: float | None = None) -> None:
+        """A plain step taken because the gate is off."""
+        self._time_plain(seconds)
+        if self.state is GateState.OFF:
+            self._left -= 1
+            if self._left <= 0:
+                self.state = GateState.PROBE
+                self.probes += 1
+                self._left = self.options.probe_steps
+                self._window.clear()
+
+    def record_verify(
+        self, k: int, drafted: int, accepted: int, committed: int, seconds: float | None = None
+    ) -> None:
+        """One verify forward of k new tokens that committed `committed` tokens."""
+        if seconds is not None and self._plain_seconds:
+            observed = seconds / self._plain_seconds / self.table.cost(k)
+            observed = min(self.options.scale_max, max(self.options.scale_min, observed))
+            self._scale += self.options.scale_alpha * (observed - self._scale)
+        self._window.append(_Verify(drafted, accepted, committed, self.verify_cost(k)))
+        if self.state is GateState.PROBE:
+            self._left -= 1
+            if self._left <= 0:
+                est = self.est_speedup() or 0.0
+                if est >= self.options.min_speedup + self.options.probe_margin:
+                    self._turn_on()
+                else:
+                    self._wait = min(self.options.reprobe_max, self._wait * 2)
+                    self._turn_off(count=False)
+            return
+        if self._ready():
+            est = self.est_speedup()
+            if est is not None and est < self.options.min_speedup:
+                self._turn_off(count=True)
+
+    def reset_window(self) -> None:
+        self._window.clear()
+
+    # -- internals -----------------------------------------------------------------------
+    def _ready(self) -> bool:
+        drafted = sum(v.drafted for v in self._window)
+        return (len(self._window) >= self.options.min_window_verifies
+                and drafted >= self.options.min_window_drafted)
+
+    def _time_plain(self, seconds: float | None) -> None:
+        if seconds is None or seconds <= 0:
+            return
+        if self._plain_seconds is None:
+            self._plain_seconds = seconds
+        else:
+            self._plain_seconds += self.options.scale_alpha * (seconds - self._plain_seconds)
+
+    def _turn_off(self, *, count: bool) -> None:
+        if count:
+            self.turned_off += 1
+            self._wait = self.options.reprobe_after
+        self.state = GateState.OFF
+        self._left = self._wait
+        self._window.clear()
+
+    def _turn_on(self) -> None:
+        self.state = GateState.ON
+        self.turned_on += 1
+        self._wait = self.options.reprobe_after

@@ -1,0 +1,119 @@
+"""The model contract: the only seam speculation uses.
+
+A backend is duck-typed; it needs no base class. What the decoder relies on:
+
+    forward(token_ids)  -> float32 array [k, vocab]
+        Appends k tokens to the cache and returns the logits of every one of them:
+        row i is the next-token distribution after token_ids[i].
+    prefill(token_ids)  -> None
+        Appends tokens whose logits nobody needs (the prompt, minus its last token).
+    truncate(n)         -> None
+        Drops every cache row past n. After truncate(n) and re-appending the same tokens,
+        forward returns the logits a fresh run returns.
+    n_past              number of tokens in the cache
+    vocab_size          number of logits per row
+    eos_token_ids       token ids that end a generation
+    tokenizer           see `Tokenizer`
+
+Worked example (carried-token discipline of the decoder): the prompt is [5, 9, 2].
+prefill([5, 9]) leaves n_past == 2; the decoder carries 2 and, with draft [7, 7],
+calls forward([2, 7, 7]) -> 3 rows; if only the first 7 is accepted and row 1 samples 4,
+it calls truncate(4) (cache holds 5 9 2 7) and carries 4.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+
+class ModelError(Exception):
+    """A model cannot be loaded or used; the message is meant for the user, one line."""
+
+
+class UnsupportedModelError(ModelError):
+    """The model exists but cannot serve the contract (e.g. its state cannot be rewound)."""
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    bos_token_id: int | None
+    eos_token_ids: frozenset[int]
+
+    def encode(self, text: str, *, add_special: bool = False) -> list[int]:
+        """Token ids of `text`; `add_special` adds what the model puts first (BOS)."""
+        ...
+
+    def decode(self, token_ids: Sequence[int], *, skip_special: bool = False) -> str: ...
+
+    def apply_chat_template(
+        self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = True
+    ) -> list[int]:
+        """Token ids of a chat, rendered with the model's own template."""
+        ...
+
+    def is_special(self, token_id: int) -> bool: ...
+
+
+@runtime_checkable
+class Model(Protocol):
+    name: str
+    backend: str
+    vocab_size: int
+    tokenizer: Tokenizer
+
+    @property
+    def n_past(self) -> int: ...
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]: ...
+
+    def forward(self, token_ids: Sequence[int]) -> np.ndarray:
+        """Append `token_ids` (k >= 1) and return their logits, float32 [k, vocab]."""
+        ...
+
+    def prefill(self, token_ids: Sequence[int]) -> None: ...
+
+    def truncate(self, n: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class StreamDecoder:
+    """Incremental detokenizer: feed token ids, get the new text they complete.
+
+    Decodes a short window of recent ids and emits the difference, holding back text
+    that ends in an incomplete UTF-8 sequence (U+FFFD) until the next token completes it.
+    Works with any tokenizer that has `decode`.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, *, skip_special: bool = True) -> None:
+        self._tok = tokenizer
+        self._skip = skip_special
+        self._ids: list[int] = []
+        self._prefix_offset = 0  # ids before this index are already emitted and stable
+        self._read_offset = 0  # ids before this index have been emitted
+
+    def push(self, token_id: int) -> str:
+        self._ids.append(int(token_id))
+        prefix = self._tok.decode(
+            self._ids[self._prefix_offset : self._read_offset], skip_special=self._skip
+        )
+        full = self._tok.decode(self._ids[self._prefix_offset :], skip_special=self._skip)
+        if len(full) > len(prefix) and not full.endswith("\ufffd"):
+            new = full[len(prefix) :]
+            self._prefix_offset = self._read_offset
+            self._read_offset = len(self._ids)
+            return new
+        return ""
+
+    def flush(self) -> str:
+        """Whatever is still held back (e.g. a trailing incomplete sequence)."""
+        prefix = self._tok.decode(
+            self._ids[self._prefix_offset : self._read_offset], skip_special=self._skip
+        )
+        full = self._tok.decode(self._ids[self._prefix_offset :], skip_special=self._skip)
+        self._prefix_offset = self._read_offset = len(self._ids)
+        return full[len(prefix) :]

@@ -1,0 +1,282 @@
+"""The losslessness contract of the speculative decoder, on an exact numpy model.
+
+`InductionModel` rows are a pure float64 function of the prefix cast to float32, so they are
+bitwise identical however tokens are batched: every comparison here is exact equality.
+The same obligations run on tiny float64 transformers models in test_decoder_hf.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from fakes import (
+    InductionModel,
+    ScriptedSource,
+    alternating_source,
+    garbage_source,
+    perfect_source,
+    random_source,
+)
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from draftless.decoder import SpecOptions, SpeculativeDecoder, generate, topk_rows
+from draftless.gate import CostTable, GateOptions
+from draftless.sampling import SamplingOptions, sample
+
+VOCAB = 40
+PROMPT = [3, 7, 9, 3, 7, 9, 1, 2, 3, 7]
+GREEDY = SamplingOptions()
+SAMPLED = SamplingOptions(temperature=0.8, top_k=20, seed=1234)
+PENALISED = SamplingOptions(temperature=0.8, top_k=20, repeat_penalty=1.3,
+                            frequency_penalty=0.4, presence_penalty=0.3, seed=99)
+ALWAYS = SpecOptions(gate=False)  # verify every draft: the decoder, not the gate, under test
+
+
+def plain(model: InductionModel, sampling: SamplingOptions, n: int = 80) -> list[int]:
+    return generate(model, PROMPT, n, sampling=sampling).token_ids
+
+
+def sources(reference: list[int]) -> dict[str, ScriptedSource]:
+    return {
+        "perfect": perfect_source(reference),
+        "garbage": garbage_source(VOCAB),
+        "alternating": alternating_source(reference, VOCAB),
+        "random": random_source(VOCAB),
+    }
+
+
+@pytest.mark.parametrize("kind", ["perfect", "garbage", "alternating", "random"])
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED, PENALISED], ids=["greedy", "sampled", "penalised"])
+def test_speculative_stream_equals_plain(kind: str, sampling: SamplingOptions) -> None:
+    model = InductionModel(VOCAB, seed=5)
+    expected = plain(model, sampling)
+    source = sources(PROMPT + expected)[kind]
+    got = generate(model, PROMPT, 80, sampling=sampling, source=source, options=ALWAYS)
+    assert got.token_ids == expected
+    assert got.stats.committed == len(expected)
+    if kind == "perfect":
+        assert got.stats.accepted == got.stats.drafted > 0
+        assert got.stats.steps < len(expected) // 4  # the draft really was used
+    if kind == "garbage":
+        assert got.stats.drafted > 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    model_seed=st.integers(0, 10_000),
+    source_seed=st.integers(0, 10_000),
+    temperature=st.sampled_from([0.0, 0.7, 1.2]),
+    max_draft=st.integers(1, 12),
+    n=st.integers(1, 60),
+)
+def test_random_sources_never_change_the_stream(model_seed, source_seed, temperature, max_draft, n):
+    model = InductionModel(VOCAB, seed=model_seed)
+    sampling = SamplingOptions(temperature=temperature, top_p=0.9, repeat_penalty=1.1, seed=model_seed)
+    expected = plain(model, sampling, n)
+    got = generate(model, PROMPT, n, sampling=sampling, source=random_source(VOCAB, source_seed),
+                   options=SpecOptions(gate=False, max_draft=max_draft, min_draft=1))
+    assert got.token_ids == expected
+    assert len(got.token_ids) == n or got.token_ids[-1] in model.eos_token_ids
+
+
+def test_one_rng_draw_per_committed_token() -> None:
+    """Perfect and garbage sources with one seed give one stream, and the generator ends in
+    the same state as the plain run's: exactly one draw per committed token."""
+    model = InductionModel(VOCAB, seed=8)
+    runs = {}
+    for name in ("plain", "perfect", "garbage"):
+        expected = plain(model, SAMPLED)
+        source = None if name == "plain" else sources(PROMPT + expected)[name]
+        dec = SpeculativeDecoder(model, sampling=SAMPLED, source=source, options=ALWAYS)
+        model.truncate(0)
+        dec.append(PROMPT)
+        tokens = dec.generate(80).token_ids
+        runs[name] = (tokens, dec.rng.random())
+    assert runs["plain"] == runs["perfect"] == runs["garbage"]
+
+
+def capture(model, sampling, source=None):
+    rows: dict[int, np.ndarray] = {}
+
+    def hook(position: int, row: np.ndarray) -> None:
+        assert position not in rows, "a position was sampled twice"
+        rows[position] = row.copy()
+
+    result = generate(model, PROMPT, 60, sampling=sampling, source=source, options=ALWAYS,
+                      verify_row_hook=hook)
+    return result, rows
+
+
+def test_rows_at_commit_positions_equal_plain_rows_bitwise() -> None:
+    model = InductionModel(VOCAB, seed=11)
+    plain_result, plain_rows = capture(model, PENALISED)
+    reference = PROMPT + plain_result.token_ids
+    for source in sources(reference).values():
+        result, rows = capture(model, PENALISED, source)
+        assert result.token_ids == plain_result.token_ids
+        assert sorted(rows) == sorted(plain_rows)  # the same positions, each once
+        for position, row in rows.items():
+            np.testing.assert_array_equal(row, plain_rows[position])
+
+
+def test_penalties_see_the_hypothetical_prefix() -> None:
+    """Re-sampling the verify rows with the history as it was when the verify started (stale)
+    picks differently at least once: the decoder must, and does, extend the history row by row."""
+    model = InductionModel(VOCAB, seed=3, copy_strength=2.0)
+    sampling = SamplingOptions(repeat_penalty=3.0, frequency_penalty=1.0, penalty_last_n=-1)
+    expected = plain(model, sampling, 60)
+    source = perfect_source(PROMPT + expected)
+    dec = SpeculativeDecoder(model, sampling=sampling, source=source, options=ALWAYS)
+    verify_rows: list[tuple[list[int], list[int], np.ndarray]] = []
+    original_accept = dec._accept
+
+    def spy(rows, draft, stops):
+        start_history = list(dec.history)
+        committed = original_accept(rows, draft, stops)
+        verify_rows.append((start_history, committed, rows[: len(committed)].copy()))
+        return committed
+
+    dec._accept = spy  # type: ignore[method-assign]
+    model.truncate(0)
+    dec.append(PROMPT)
+    assert dec.generate(60).token_ids == expected
+    changed = 0
+    for stale, committed, rows in verify_rows:
+        for i, row in enumerate(rows):
+            fresh = sample(row, stale + committed[:i], sampling, dec.rng)
+            assert fresh == committed[i]
+            changed += sample(row, stale, sampling, dec.rng) != committed[i]
+    assert changed > 0
+
+
+def test_gating_is_orthogonal_to_the_stream() -> None:
+    """An expensive cost table and a garbage source trip the gate; it backs off and re-probes;
+    the stream is still the plain one."""
+    model = InductionModel(VOCAB, seed=21)
+    expected = plain(model, SAMPLED, 300)
+    opts = SpecOptions(gate_options=GateOptions(reprobe_after=4, reprobe_max=16, probe_steps=2))
+    dear = CostTable((1, 2, 16), (1.0, 3.0, 10.0))
+    result = generate(model, PROMPT, 300, sampling=SAMPLED, source=garbage_source(VOCAB),
+                      options=opts, cost_table=dear)
+    assert result.token_ids == expected
+    assert result.stats.gate_off >= 1 and result.stats.gate_probes >= 3
+    assert result.stats.plain_steps > result.stats.verify_steps
+
+
+def test_gate_reopens_when_drafts_pay() -> None:
+    model = InductionModel(VOCAB, seed=22)
+    expected = plain(model, GREEDY, 300)
+    calls = [0]
+    good = perfect_source(PROMPT + expected).propose
+
+    def propose(stream, n):  # garbage for the first 6 calls, then perfect
+        calls[0] += 1
+        return [0] * n if calls[0] <= 6 else good(stream, n)
+
+    opts = SpecOptions(gate_options=GateOptions(reprobe_after=4, probe_steps=2))
+    result = generate(model, PROMPT, 300, source=ScriptedSource(propose), options=opts,
+                      cost_table=CostTable((1, 2, 16), (1.0, 1.5, 3.0)))
+    assert result.token_ids == expected
+    assert result.stats.gate_off >= 1 and result.stats.gate_on >= 1
+
+
+def test_out_of_vocabulary_drafts_never_reach_the_model() -> None:
+    model = InductionModel(VOCAB, seed=4)
+    expected = plain(model, GREEDY, 40)
+    model.on_forward = lambda ids: [pytest.fail(f"bad id {t}") for t in ids if not 0 <= t < VOCAB]
+    source = ScriptedSource(lambda s, n: [1, 2, VOCAB + 3, 4, -1][:n])
+    result = generate(model, PROMPT, 40, source=source, options=ALWAYS)
+    assert result.token_ids == expected
+    assert result.stats.dropped > 0
+
+
+def test_a_failing_verify_leaves_no_unverified_rows() -> None:
+    model = InductionModel(VOCAB, seed=6)
+    expected = plain(model, GREEDY, 30)
+    dec = SpeculativeDecoder(model, source=perfect_source(PROMPT + expected), options=ALWAYS)
+    model.truncate(0)
+    dec.append(PROMPT)
+    model.forward_calls.clear()
+    model.fail_after = 1  # the second forward raises after extending the cache
+    with pytest.raises(RuntimeError, match="injected"):
+        dec.generate(30)
+    committed = len(dec.history)
+    assert model.n_past == committed - 1  # everything but the carried token, nothing more
+    model.fail_after = None
+    rest = dec.generate(30 - (committed - len(PROMPT))).token_ids  # and decoding resumes exactly
+    assert dec.history[len(PROMPT):] == expected[: len(dec.history) - len(PROMPT)]
+    assert rest == expected[committed - len(PROMPT) :]
+
+
+def test_stop_ids_end_inside_a_verify_without_extra_draws() -> None:
+    model = InductionModel(VOCAB, seed=5)
+    expected = plain(model, SAMPLED, 80)
+    stop = expected[30]
+    first = expected.index(stop)
+    got = generate(model, PROMPT, 80, sampling=SAMPLED, source=perfect_source(PROMPT + expected),
+                   options=ALWAYS, stop_ids=[stop])
+    assert got.token_ids == expected[: first + 1]
+    assert got.stop_reason == "stop"
+
+
+def test_max_new_tokens_is_exact() -> None:
+    model = InductionModel(VOCAB, seed=5)
+    expected = plain(model, GREEDY, 80)
+    for n in (1, 2, 7, 33):
+        got = generate(model, PROMPT, n, source=perfect_source(PROMPT + expected), options=ALWAYS,
+                       stop_ids=[])
+        assert got.token_ids == expected[:n]
+
+
+def test_multi_turn_append_keeps_cache_and_stream_in_step() -> None:
+    model = InductionModel(VOCAB, seed=9)
+    dec = SpeculativeDecoder(model, source=random_source(VOCAB), options=ALWAYS)
+    dec.append(PROMPT)
+    a = dec.generate(20, stop_ids=[]).token_ids
+    dec.append([5, 6, 7])
+    b = dec.generate(20, stop_ids=[]).token_ids
+    assert model.n_past == len(dec.history) - 1
+    fresh = InductionModel(VOCAB, seed=9)
+    expect_a = generate(fresh, PROMPT, 20, stop_ids=[]).token_ids
+    expect_b = generate(fresh, PROMPT + expect_a + [5, 6, 7], 20, stop_ids=[]).token_ids
+    assert (a, b) == (expect_a, expect_b)
+
+
+def test_append_rejects_out_of_vocabulary_prompt() -> None:
+    dec = SpeculativeDecoder(InductionModel(VOCAB))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        dec.append([1, VOCAB])
+    assert dec.history == [] and dec.model.n_past == 0
+
+
+def test_topk_rows_matches_a_full_sort() -> None:
+    rng = np.random.default_rng(0)
+    rows = rng.normal(size=(5, 1000)).astype(np.float32)
+    top = topk_rows(rows, 8)
+    assert top.shape == (5, 8) and top.dtype == np.int32
+    np.testing.assert_array_equal(top, np.argsort(-rows, axis=1, kind="stable")[:, :8])
+
+
+def test_topk_goes_to_sources_that_want_it_and_only_those() -> None:
+    model = InductionModel(VOCAB, seed=1)
+    seen = []
+
+    class Wants(ScriptedSource):
+        wants_topk = True
+
+        def observe_topk(self, token_ids, topk_ids):
+            seen.append((list(token_ids), topk_ids.copy()))
+
+    generate(model, PROMPT, 10, source=Wants(lambda s, n: []), options=ALWAYS)
+    assert len(seen) == 10 and all(t.shape == (1, 8) for _, t in seen)
+    generate(model, PROMPT, 10, source=ScriptedSource(lambda s, n: []), options=ALWAYS)  # raises if called
+
+
+def test_invalid_decoder_options() -> None:
+    from draftless.decoder import DecoderOptionsError
+
+    with pytest.raises(DecoderOptionsError, match="max_draft"):
+        SpecOptions(max_draft=0)
+    with pytest.raises(DecoderOptionsError, match="min_draft"):
+        SpecOptions(min_draft=0)

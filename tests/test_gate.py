@@ -1,0 +1,157 @@
+"""The cost gate: table interpolation, live rescale, hysteresis, backoff, budget, options."""
+
+from __future__ import annotations
+
+import pytest
+
+from draftless.gate import (
+    CostGate,
+    CostTable,
+    CostTableEmpty,
+    GateOptions,
+    GateState,
+    ProbeStepsZero,
+    RateWindowTooSmall,
+    ReprobeAfterZero,
+)
+
+TABLE = CostTable((1, 2, 4, 8, 16), (1.0, 1.65, 1.42, 2.84, 4.5))
+
+
+def test_cost_table_interpolates_and_extends() -> None:
+    assert TABLE.cost(2) == 1.65
+    assert TABLE.cost(4) == 1.42  # non-monotonic tables are kept as measured
+    assert TABLE.cost(6) == pytest.approx((1.42 + 2.84) / 2)
+    assert TABLE.cost(12) == pytest.approx((2.84 + 4.5) / 2)
+    assert TABLE.cost(32) == pytest.approx(4.5 + (4.5 - 2.84) / 8 * 16)
+    assert CostTable((8,), (0.5,)).cost(8) == 1.0  # never below one plain step
+    assert CostTable((4,), (2.0,)).cost(8) == 4.0  # one entry: proportional
+
+
+def test_cost_table_round_trips_json(tmp_path) -> None:
+    path = tmp_path / "t.json"
+    path.write_text(TABLE.to_json())
+    assert CostTable.load(path) == TABLE
+
+
+@pytest.mark.parametrize(
+    ("build", "error"),
+    [
+        (lambda: CostTable((), ()), CostTableEmpty),
+        (lambda: GateOptions(window=1), RateWindowTooSmall),
+        (lambda: GateOptions(probe_steps=0), ProbeStepsZero),
+        (lambda: GateOptions(reprobe_after=0), ReprobeAfterZero),
+    ],
+)
+def test_invalid_options_raise_named_errors(build, error) -> None:
+    with pytest.raises(error):
+        build()
+
+
+def losing_verify(gate: CostGate) -> None:
+    gate.record_verify(k=9, drafted=8, accepted=0, committed=1)  # 1 token for 2.84+ steps
+
+
+def winning_verify(gate: CostGate) -> None:
+    gate.record_verify(k=9, drafted=8, accepted=8, committed=9)
+
+
+def test_gate_waits_for_enough_evidence_then_trips() -> None:
+    gate = CostGate(TABLE, GateOptions(min_window_drafted=8, min_window_verifies=2))
+    gate.record_verify(k=3, drafted=2, accepted=0, committed=1)
+    assert gate.allows()  # one verify is too noisy to act on
+    gate.record_verify(k=3, drafted=2, accepted=0, committed=1)
+    assert gate.allows()  # only 4 drafted tokens
+    gate.record_verify(k=5, drafted=4, accepted=0, committed=1)
+    assert not gate.allows() and gate.turned_off == 1
+
+
+def test_backoff_doubles_up_to_the_cap_and_a_passed_probe_resets_it() -> None:
+    opts = GateOptions(reprobe_after=4, reprobe_max=16, probe_steps=2)
+    gate = CostGate(TABLE, opts)
+    losing_verify(gate)
+    losing_verify(gate)
+    assert gate.state is GateState.OFF
+    waits = []
+    for _ in range(4):  # four failed probes: waits 4, 8, 16, 16
+        n = 0
+        while not gate.allows():
+            gate.record_disabled_step()
+            n += 1
+        waits.append(n)
+        assert gate.state is GateState.PROBE
+        losing_verify(gate)
+        losing_verify(gate)
+        assert gate.state is GateState.OFF
+    assert waits == [4, 8, 16, 16]
+    while not gate.allows():
+        gate.record_disabled_step()
+    winning_verify(gate)
+    winning_verify(gate)
+    assert gate.state is GateState.ON and gate.turned_on == 1
+    for _ in range(opts.window):  # the probe's wins stay in the window until outweighed
+        if not gate.allows():
+            break
+        losing_verify(gate)
+    assert gate.turned_off == 2
+    n = 0
+    while not gate.allows():
+        gate.record_disabled_step()
+        n += 1
+    assert n == 4  # restarted at the base
+
+
+def test_hysteresis_probe_needs_the_margin() -> None:
+    # est = committed / cost; k = 2 costs 1.0 with this table.
+    flat = CostTable((1, 2), (1.0, 1.0))
+    gate = CostGate(flat, GateOptions(reprobe_after=1, probe_steps=2, min_window_drafted=2))
+    gate.record_verify(k=2, drafted=1, accepted=0, committed=1)
+    gate.record_verify(k=4, drafted=3, accepted=0, committed=1)  # est 2 / 2.0 ... cost(4)=1
+    assert gate.allows()  # est = 2 / 2 = 1.0: not below min_speedup
+    gate.record_verify(k=8, drafted=7, accepted=0, committed=0)  # est 2 / 3 < 1
+    assert not gate.allows()
+    gate.record_disabled_step()
+    assert gate.state is GateState.PROBE
+    gate.record_verify(k=2, drafted=1, accepted=0, committed=1)
+    gate.record_verify(k=2, drafted=1, accepted=1, committed=1)  # probe est 1.0 < 1.1
+    assert gate.state is GateState.OFF
+    gate.record_disabled_step()
+    gate.record_disabled_step()
+    assert gate.state is GateState.PROBE
+    gate.record_verify(k=2, drafted=1, accepted=1, committed=2)
+    gate.record_verify(k=2, drafted=1, accepted=0, committed=1)  # est 1.5 >= 1.1
+    assert gate.state is GateState.ON
+
+
+def test_live_rescale_is_clamped_and_damped() -> None:
+    gate = CostGate(TABLE, GateOptions())
+    gate.record_plain(seconds=0.010)
+    gate.record_verify(k=8, drafted=7, accepted=7, committed=8, seconds=1.0)  # 35x the table
+    assert gate.scale == pytest.approx(1.0 + 0.2 * (4.0 - 1.0))  # clamped to 4, 20% of it
+    gate2 = CostGate(TABLE, GateOptions())
+    gate2.record_plain(seconds=0.010)
+    gate2.record_verify(k=8, drafted=7, accepted=7, committed=8, seconds=0.0284)  # as the table
+    assert gate2.scale == pytest.approx(1.0)
+    assert gate.verify_cost(1) >= 1.0
+    no_clock = CostGate(TABLE, GateOptions())
+    no_clock.record_verify(k=8, drafted=7, accepted=7, committed=8, seconds=None)
+    assert no_clock.scale == 1.0
+
+
+def test_one_noisy_sample_cannot_flip_a_winning_gate() -> None:
+    gate = CostGate(TABLE, GateOptions())
+    gate.record_plain(seconds=0.01)
+    for _ in range(4):
+        gate.record_verify(k=9, drafted=8, accepted=8, committed=9, seconds=0.03)
+    gate.record_verify(k=9, drafted=8, accepted=8, committed=9, seconds=5.0)  # a stall
+    assert gate.allows()
+
+
+def test_adaptive_budget() -> None:
+    gate = CostGate(TABLE, GateOptions())
+    assert gate.budget(16) == 16  # nothing measured yet
+    gate.record_verify(k=9, drafted=8, accepted=2, committed=3)  # acceptance 0.25
+    assert gate.budget(16) == 2 + 4
+    gate2 = CostGate(TABLE, GateOptions())
+    gate2.record_verify(k=9, drafted=8, accepted=0, committed=1)
+    assert gate2.budget(16) == 2
