@@ -250,12 +250,24 @@ def test_append_rejects_out_of_vocabulary_prompt() -> None:
     assert dec.history == [] and dec.model.n_past == 0
 
 
-def test_topk_rows_matches_a_full_sort() -> None:
-    rng = np.random.default_rng(0)
-    rows = rng.normal(size=(5, 1000)).astype(np.float32)
-    top = topk_rows(rows, 8)
-    assert top.shape == (5, 8) and top.dtype == np.int32
-    np.testing.assert_array_equal(top, np.argsort(-rows, axis=1, kind="stable")[:, :8])
+@settings(max_examples=60, deadline=None)
+@given(
+    vocab=st.sampled_from([3, 50, 4096, 4097, 9000, 49152]),
+    levels=st.sampled_from([2, 7, 1000, 0]),
+    seed=st.integers(0, 1000),
+    rows=st.integers(1, 4),
+)
+def test_topk_rows_matches_a_full_stable_sort(vocab, levels, seed, rows) -> None:
+    """Oracle: a full stable sort. Quantised values make ties, which go to the lower id."""
+    rng = np.random.default_rng(seed)
+    values = rng.normal(size=(rows, vocab))
+    if levels:
+        values = np.round(values * levels / 4) / levels
+    values = values.astype(np.float32)
+    k = min(8, vocab)
+    top = topk_rows(values, 8)
+    assert top.shape == (rows, k) and top.dtype == np.int32
+    np.testing.assert_array_equal(top, np.argsort(-values, axis=1, kind="stable")[:, :k])
 
 
 def test_topk_goes_to_sources_that_want_it_and_only_those() -> None:
