@@ -13,6 +13,11 @@ Any deterministic proposer with these methods can be plugged into the decoder.
 Worked example: committed stream [1 2 3 1 2]; a suffix-automaton source suggests [3 1 2]
 (the continuation of the earlier "1 2"). The decoder verifies it; the model commits 3 1 9;
 the decoder calls observe([3, 1, 9]).
+
+Sources may infer acceptance at the suggest -> observe seam (the cascade does: the longest
+common prefix of its last draft and the tokens committed next, here 2 of 3), so call
+observe with exactly the committed tokens after each verify. The sources in this package
+return drafts as list[int] and raise ValueError on token ids they cannot hold.
 """
 
 from __future__ import annotations
@@ -31,5 +36,4 @@ class DraftSource(Protocol):
 
     def observe(self, committed: Sequence[int] | np.ndarray) -> None: ...
 
-    def observe_topk(self, token_ids: Sequence[int] | np.ndarray, topk_ids: np.ndarray) -> None:
-        ...
+    def observe_topk(self, token_ids: Sequence[int] | np.ndarray, topk_ids: np.ndarray) -> None: ...

@@ -1,0 +1,22 @@
+"""Draft sources: cheap deterministic indexes over text the model has already seen.
+
+SamIndex / Cursor   the suffix-automaton index (conversation and frozen reference documents)
+Recycling           the Token-Recycling matrix (vocab x 8 successors from verify logits)
+SpeculationIndex    the cascade over all of them: the DraftSource the decoder uses
+"""
+
+from draftless.sources.base import DraftSource
+from draftless.sources.cascade import CascadeOptions, SourceStats, SpeculationIndex
+from draftless.sources.recycling import Recycling
+from draftless.sources.sam import Cursor, FrozenIndexError, SamIndex
+
+__all__ = [
+    "CascadeOptions",
+    "Cursor",
+    "DraftSource",
+    "FrozenIndexError",
+    "Recycling",
+    "SamIndex",
+    "SourceStats",
+    "SpeculationIndex",
+]

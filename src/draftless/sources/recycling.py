@@ -1,0 +1,158 @@
+"""The Token-Recycling matrix: the fallback draft when no index matches (Luo et al., 2024).
+
+Verification computes a full logits row for every position and keeps only the sampled
+token; recycling keeps the rest. One row per vocabulary token holds the ROW = 8 most likely
+successors of that token, best first, from two sources:
+
+* observe_topk(token_ids, topk_ids): row token_ids[i] := topk_ids[i] (the verify forward's
+  top-K after token_ids[i]; K <= 8, a shorter K leaves the tail of the row cold);
+* observe(committed): committed-bigram move-to-front. For consecutive committed tokens
+  (a, b), b moves to the front of row a (inserted if absent, dropping the row's last entry).
+  The last committed token is remembered across calls, so bigrams span observe() calls.
+
+The draft is a top-1 chain walk from the last committed token, capped at ROW tokens: a cold
+row (sentinel -1) ends it, so a token never seen drafts nothing.
+
+Worked example (vocab 10): observe_topk([3], [[5, 1]]) sets row 3 to [5 1 -1 ...]; then
+observe([2, 3]) moves 3 to the front of row 2; suggest(4) walks 3 -> 5 -> (row 5 is cold)
+and returns [5]. observe([7]) makes row 3 [7 5 1 -1 ...] and suggest(4) returns [] (row 7
+is cold).
+
+Memory: exactly vocab x 8 x 4 bytes (8 MiB at Gemma 3's 262,144 vocab); no seen-bitmap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from draftless.sources._jit import njit
+from draftless.sources.sam import as_token_array
+
+__all__ = ["ROW", "Recycling"]
+
+ROW = 8  # successors kept per token, and the longest chain drafted
+
+
+@njit
+def _set_rows(m, token_ids, topk_ids):
+    """Row token_ids[r] := topk_ids[r] (cold tail when K < ROW); later rows win.
+
+    Returns -1, or the flat index of the first candidate outside [0, vocab) (nothing
+    written: every candidate is checked first).
+    """
+    k = min(topk_ids.shape[1], ROW)
+    for r in range(topk_ids.shape[0]):
+        for c in range(topk_ids.shape[1]):
+            if topk_ids[r, c] < 0 or topk_ids[r, c] >= m.shape[0]:
+                return r * topk_ids.shape[1] + c
+    for r in range(token_ids.shape[0]):
+        row = token_ids[r]
+        for c in range(k):
+            m[row, c] = topk_ids[r, c]
+        for c in range(k, ROW):
+            m[row, c] = -1
+    return -1
+
+
+@njit
+def _move_to_front(m, prev, tokens):
+    """Committed-bigram move-to-front over prev, tokens[0], tokens[1] ...; returns the last."""
+    for k in range(tokens.shape[0]):
+        b = tokens[k]
+        if prev >= 0:
+            pos = ROW - 1  # absent: the last entry is dropped
+            for c in range(ROW):
+                if m[prev, c] == b:
+                    pos = c
+                    break
+            for c in range(pos, 0, -1):
+                m[prev, c] = m[prev, c - 1]
+            m[prev, 0] = b
+        prev = b
+    return prev
+
+
+class Recycling:
+    """A vocab x 8 int32 successor matrix; a DraftSource. See the module docstring."""
+
+    wants_topk = True
+
+    def __init__(self, vocab_size: int) -> None:
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+            raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
+        self._vocab_size = vocab_size
+        self._m = np.full((vocab_size, ROW), -1, dtype=np.int32)  # [vocab, ROW], -1 = cold
+        self._last = -1  # last committed token (-1: none yet)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    @property
+    def nbytes(self) -> int:
+        """vocab_size * 8 * 4, exactly."""
+        return int(self._m.nbytes)
+
+    @property
+    def last_token(self) -> int:
+        """The last committed token, where the next chain walk starts (-1 before any)."""
+        return self._last
+
+    def row(self, token_id: int) -> np.ndarray:
+        """A copy of the successors of token_id [ROW] int32, best first, -1 where cold."""
+        return self._m[token_id].copy()
+
+    def observe(self, committed: Sequence[int] | np.ndarray) -> None:
+        """Committed-bigram move-to-front for the tokens appended to the committed stream."""
+        self._observe_array(as_token_array(committed, limit=self._vocab_size))
+
+    def _observe_array(self, tokens: np.ndarray) -> None:
+        """observe() for an already validated int32 array [k] of ids < vocab_size."""
+        if tokens.shape[0]:
+            self._last = int(_move_to_front(self._m, self._last, tokens))
+
+    def observe_topk(self, token_ids: Sequence[int] | np.ndarray, topk_ids: np.ndarray) -> None:
+        """Row token_ids[i] := topk_ids[i] ([k] ids, [k, K] int32 best first; K > 8 is cut)."""
+        rows = as_token_array(token_ids, limit=self._vocab_size, what="top-K row token")
+        topk = np.asarray(topk_ids)
+        if topk.ndim != 2 or topk.shape[0] != rows.shape[0]:
+            raise ValueError(
+                f"topk_ids must have shape [{rows.shape[0]}, K], got {tuple(topk.shape)}"
+            )
+        if rows.shape[0] == 0 or topk.shape[1] == 0:
+            return
+        if topk.dtype != np.int32 or not (topk.flags.c_contiguous and topk.flags.writeable):
+            flat = as_token_array(topk.reshape(-1), limit=self._vocab_size, what="top-K candidate")
+            topk = flat.reshape(topk.shape)
+        bad = int(_set_rows(self._m, rows, topk))  # the decoder's int32 rows: checked in there
+        if bad >= 0:
+            row, col = divmod(bad, topk.shape[1])
+            raise ValueError(
+                f"top-K candidate id {int(topk[row, col])} at row {row}, column {col} is out "
+                f"of range [0, {self._vocab_size})"
+            )
+
+    def suggest(self, max_tokens: int) -> list[int]:
+        """The top-1 chain from the last committed token: up to min(8, max_tokens) tokens."""
+        out: list[int] = []
+        token = self._last
+        if token < 0:
+            return out
+        column = self._m[:, 0]
+        for _ in range(min(ROW, max_tokens)):
+            token = int(column[token])
+            if token < 0:
+                break
+            out.append(token)
+        return out
+
+    def reset(self) -> None:
+        """Forgets the last committed token (a new conversation); the matrix is kept."""
+        self._last = -1
+
+    def clear(self) -> None:
+        """Back to all-cold rows and no last token."""
+        self._m.fill(-1)
+        self._last = -1
