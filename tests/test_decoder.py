@@ -292,3 +292,46 @@ def test_invalid_decoder_options() -> None:
         SpecOptions(max_draft=0)
     with pytest.raises(DecoderOptionsError, match="min_draft"):
         SpecOptions(min_draft=0)
+
+
+class TwoMembers(ScriptedSource):
+    """A source with two members, as the cascade has: "good" drafts the plain stream on even
+    positions, "bad" drafts garbage on odd ones; select() says which would draft."""
+
+    def __init__(self, reference: list[int]) -> None:
+        super().__init__(self.propose)
+        self.reference = reference
+        self.last_source: str | None = None
+        self.discarded = 0
+
+    def select(self) -> str:
+        return "good" if len(self.stream) % 2 == 0 else "bad"
+
+    def propose(self, stream: list[int], n: int) -> list[int]:
+        self.last_source = self.select()
+        if self.last_source == "good":
+            return self.reference[len(stream) : len(stream) + n]
+        return [(t + 1) % VOCAB for t in self.reference[len(stream) : len(stream) + n]]
+
+    def truncate_pending(self, n: int = 0) -> None:
+        self.discarded += 1
+
+
+def test_a_losing_member_is_gated_off_without_silencing_a_winning_one() -> None:
+    model = InductionModel(VOCAB, seed=12)
+    expected = plain(model, GREEDY, 400)
+    source = TwoMembers(PROMPT + expected)
+    dec = SpeculativeDecoder(model, source=source, cost_table=CostTable((1, 2, 17), (1.0, 1.5, 4.0)))
+    model.truncate(0)
+    dec.append(PROMPT)
+    assert dec.generate(400).token_ids == expected
+    assert dec.gates["bad"].turned_off >= 1
+    assert dec.gates["good"].turned_off == 0 and dec.gate_states()["good"] == "on"
+    assert dec.stats.accepted > 200  # the good member kept drafting
+
+
+def test_gate_disabled_records_nothing() -> None:
+    model = InductionModel(VOCAB, seed=12)
+    result = generate(model, PROMPT, 100, source=garbage_source(VOCAB), options=ALWAYS)
+    assert (result.stats.gate_off, result.stats.gate_on, result.stats.gate_probes) == (0, 0, 0)
+    assert result.stats.plain_steps <= 2  # only the last tokens, where no 2-token draft fits

@@ -12,6 +12,11 @@ The cache holds every committed token but the last one, the *carried* token. One
 
 A draft shorter than `min_draft`, or a step the cost gate refuses, is a plain step: forward
 of the carried token alone. Plain decoding is this loop with no source.
+
+The cost gate is kept per draft source: a source that can say which of its members would
+draft (`select()`, as the cascade does) gets one gate per member, so a cold recycling matrix
+whose drafts lose time is switched off without switching off conversation or reference drafts
+that pay. A source without `select()` has one gate.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from draftless.sampling import SamplingOptions, make_rng, sample
 from draftless.sources.base import DraftSource
 
 TOPK = 8  # candidates per row handed to sources that want them (the recycling width)
+DEFAULT_SOURCE = "draft"  # gate name for a source that cannot say which member drafts
 
 # (position in the committed stream of the token this row decides, pre-penalty row [vocab])
 VerifyRowHook = Callable[[int, np.ndarray], None]
@@ -110,8 +116,10 @@ class SpeculativeDecoder:
         self.sampling = sampling or SamplingOptions()
         self.source = source
         self.options = options or SpecOptions()
-        table = cost_table or DEFAULT_COST_TABLES.get(model.backend, DEFAULT_COST_TABLES["hf"])
-        self.gate = CostGate(table, self.options.gate_options)
+        self.cost_table = cost_table or DEFAULT_COST_TABLES.get(
+            model.backend, DEFAULT_COST_TABLES["hf"]
+        )
+        self.gates: dict[str, CostGate] = {}  # one per draft source member, made on first use
         self.clock = clock
         self.hook = verify_row_hook
         self.rng, self.seed = make_rng(self.sampling.seed)
@@ -142,15 +150,30 @@ class SpeculativeDecoder:
         self.history.clear()
         self.carried = None
 
+    def truncate(self, n: int) -> None:
+        """Keep the first n committed tokens (the cache holds n - 1, the n-th is carried).
+
+        The source is not told: it cannot forget; a caller that cuts the stream rebuilds it.
+        """
+        if not 0 <= n <= len(self.history):
+            raise ValueError(f"truncate({n}): the stream has {len(self.history)} tokens")
+        if n == 0:
+            self.reset()
+        elif n < len(self.history):
+            self.model.truncate(n - 1)
+            del self.history[n:]
+            self.carried = self.history[-1]
+
     # -- one step ------------------------------------------------------------------------
     def step(self, max_tokens: int, stop_ids: frozenset[int] = frozenset()) -> list[int]:
         """Run one forward; commit and return 1..max_tokens tokens (ending at a stop id)."""
         if self.carried is None:
             raise RuntimeError("append a prompt before decoding")
-        draft = self._draft(max_tokens - 1) if max_tokens > 1 else []
+        draft, gate = self._draft(max_tokens - 1)
         start = self.model.n_past
         inputs = [self.carried, *draft]
         committed_before = len(self.history)
+        rng_state = self.rng.bit_generator.state
         t0 = self.clock() if self.clock else None
         try:
             rows = self.model.forward(inputs)  # [1 + len(draft), vocab]
@@ -159,10 +182,11 @@ class SpeculativeDecoder:
         except BaseException:  # an error or Ctrl-C: the step never happened
             self.model.truncate(start)  # the cache never keeps unverified rows
             del self.history[committed_before:]
+            self.rng.bit_generator.state = rng_state  # nor the draws it made
             raise
         self.model.truncate(start + len(committed))  # carried + the accepted drafts
         self.carried = committed[-1]
-        self._account(draft, committed, seconds)
+        self._account(draft, committed, seconds, gate)
         if self.source is not None:
             if self.source.wants_topk:
                 top = topk_rows(rows[: len(committed)], TOPK)  # [m, TOPK]
@@ -170,21 +194,51 @@ class SpeculativeDecoder:
             self.source.observe(committed)
         return committed
 
-    def _draft(self, room: int) -> list[int]:
-        """Ask the source for a draft that fits the gate's budget and `room`; [] = plain."""
-        if self.source is None or room < self.options.min_draft:
-            return []
-        if self.options.gate and not self.gate.allows():
-            return []
-        budget = min(room, self.gate.budget(self.options.max_draft), self.options.max_draft)
+    def _gate_for(self, name: str) -> CostGate:
+        gate = self.gates.get(name)
+        if gate is None:
+            gate = self.gates[name] = CostGate(self.cost_table, self.options.gate_options)
+        return gate
+
+    def _draft(self, room: int) -> tuple[list[int], CostGate | None]:
+        """A draft that fits the gate's budget and `room`, and the gate of the member that
+        drafted it. ([], gate): the gate refused; ([], None): nothing to draft."""
+        source, opts = self.source, self.options
+        if source is None or room < opts.min_draft:
+            return [], None
+        select = getattr(source, "select", None)
+        name = select() if select is not None else DEFAULT_SOURCE
+        if name is None:
+            return [], None
+        gate = self._gate_for(name)
+        if opts.gate and not gate.allows():
+            return [], gate
+        budget = min(room, opts.max_draft, gate.budget(opts.max_draft) if opts.gate else room)
+        proposal = source.suggest(budget)[:budget]
+        actual = getattr(source, "last_source", None) or name
+        if actual != name:  # the selected member had nothing, another one drafted
+            gate = self._gate_for(actual)
+            if opts.gate and not gate.allows():
+                self._discard()
+                return [], gate
         draft: list[int] = []
-        for t in self.source.suggest(budget)[:budget]:
+        for t in proposal:
             t = int(t)
             if not 0 <= t < self.vocab:  # never reaches the model; nor does what follows it
                 self.stats.dropped += 1
                 break
             draft.append(t)
-        return draft if len(draft) >= self.options.min_draft else []
+        if len(draft) < opts.min_draft:
+            if len(proposal):
+                self._discard()
+            return [], None
+        return draft, gate
+
+    def _discard(self) -> None:
+        """Tell the source its last suggestion will not be verified."""
+        discard = getattr(self.source, "truncate_pending", None)
+        if discard is not None:
+            discard(0)
 
     def _accept(self, rows: np.ndarray, draft: list[int], stop_ids: frozenset[int]) -> list[int]:
         """Sample row by row; keep going while the sample equals the draft."""
@@ -199,7 +253,9 @@ class SpeculativeDecoder:
                 break
         return committed
 
-    def _account(self, draft: list[int], committed: list[int], seconds: float | None) -> None:
+    def _account(
+        self, draft: list[int], committed: list[int], seconds: float | None, gate: CostGate | None
+    ) -> None:
         s = self.stats
         s.steps += 1
         s.committed += len(committed)
@@ -207,10 +263,12 @@ class SpeculativeDecoder:
             s.forward_seconds += seconds
         if not draft:
             s.plain_steps += 1
-            if self.gate.allows():
-                self.gate.record_plain(seconds)
-            else:
-                self.gate.record_disabled_step(seconds)
+            if self.options.gate:
+                for g in self.gates.values():  # every gate learns what a plain step costs
+                    if g is gate and not g.allows():
+                        g.record_disabled_step(seconds)
+                    else:
+                        g.record_plain(seconds)
                 self._sync_gate_stats()
             return
         n = len(committed)  # the last one is a correction or bonus unless a stop matched
@@ -220,13 +278,19 @@ class SpeculativeDecoder:
         s.accepted += accepted
         if len(committed) == len(draft) + 1:
             s.bonus += 1
-        self.gate.record_verify(len(draft) + 1, len(draft), accepted, len(committed), seconds)
-        self._sync_gate_stats()
+        if self.options.gate and gate is not None:
+            gate.record_verify(len(draft) + 1, len(draft), accepted, len(committed), seconds)
+            self._sync_gate_stats()
 
     def _sync_gate_stats(self) -> None:
-        self.stats.gate_off = self.gate.turned_off
-        self.stats.gate_on = self.gate.turned_on
-        self.stats.gate_probes = self.gate.probes
+        gates = self.gates.values()
+        self.stats.gate_off = sum(g.turned_off for g in gates)
+        self.stats.gate_on = sum(g.turned_on for g in gates)
+        self.stats.gate_probes = sum(g.probes for g in gates)
+
+    def gate_states(self) -> dict[str, str]:
+        """Each draft source member's gate: "on", "off" or "probe"."""
+        return {name: g.state.value for name, g in self.gates.items()}
 
     # -- a whole generation --------------------------------------------------------------
     def stream(

@@ -153,6 +153,27 @@ class SpeculationIndex:
 
     # -- the DraftSource protocol -------------------------------------------------------
 
+    def select(self) -> str | None:
+        """The name of the member suggest() would draft from now, or None; no side effects.
+
+        The decoder keeps one cost gate per member and asks first, so that a member whose
+        drafts do not pay is skipped without a suggest (and without blaming it twice).
+        """
+        opts = self.options
+        best: str | None = None
+        best_len = opts.min_match - 1
+        if self._conversation_member.mute_left == 0 and self._conversation.match_len > best_len:
+            best, best_len = CONVERSATION, self._conversation.match_len
+        for ref in self._references:
+            if ref.member.mute_left == 0 and ref.cursor.match_len > best_len:
+                best, best_len = ref.member.name, ref.cursor.match_len
+        if best is not None:
+            return best
+        rec = self._recycling
+        if rec is not None and self._recycling_member.mute_left == 0 and rec.would_draft():
+            return RECYCLING
+        return None
+
     def suggest(self, max_tokens: int) -> list[int]:
         """A draft of at most max_tokens tokens from the selected source ([] if none)."""
         self._settle()

@@ -148,6 +148,10 @@ class Recycling:
             out.append(token)
         return out
 
+    def would_draft(self) -> bool:
+        """True when suggest() would return at least one token (the last token's row is warm)."""
+        return self._last >= 0 and int(self._m[self._last, 0]) >= 0
+
     def reset(self) -> None:
         """Forgets the last committed token (a new conversation); the matrix is kept."""
         self._last = -1
