@@ -41,6 +41,8 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help="auto: llama.cpp for GGUF when installed, else transformers")
     p.add_argument("--device", default=None, help="transformers device (cpu, cuda, cuda:1)")
     p.add_argument("--n-ctx", type=int, default=None, help="llama.cpp context size")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for the model (default: all cores)")
 
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
@@ -80,6 +82,11 @@ def open_model(args: argparse.Namespace, *, quiet: bool = False) -> Model:
         options["device"] = args.device
     if getattr(args, "n_ctx", None):
         options["n_ctx"] = args.n_ctx
+    threads = getattr(args, "threads", None)
+    if threads is not None:
+        if threads < 1:
+            raise UsageError(f"--threads must be >= 1, got {threads}")
+        options["n_threads"] = threads
     with Spinner(f"loading {args.model}", force=False) if not quiet else _null():
         return load_model(args.model, backend=args.backend, **options)
 

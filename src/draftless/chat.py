@@ -1,0 +1,647 @@
+"""Multi-turn chat over any model and tokenizer, plain or speculative (design record §8, §9).
+
+The committed token stream is the source of truth. The model's cache, the decoder's history
+and, with speculation, the draft index all hold exactly that stream; the list of messages
+exists only to render the chat template. One turn:
+
+    1. render the template for the messages so far plus the new user message;
+    2. append to the stream only the template's *delta*: what follows the end-of-turn token
+       of the previous reply (or that token too, if the reply did not end with it);
+    3. decode the reply; token-id stops end it inside the acceptance loop (no draws past a
+       stop), text stop sequences (plain decoding only) trim it;
+    4. keep the reply text as the assistant message, for the next rendering.
+
+Worked example (ChatML, `|` between tokens). Turn 1 renders and commits
+`<|im_start|>|user|\\n|hi|<|im_end|>|\\n|<|im_start|>|assistant|\\n`; the model commits
+`Hel|lo|<|im_end|>` (the stop is committed). Turn 2 renders [user hi, assistant "Hello",
+user more]. Its prefix up to turn 1's generation prompt is unchanged; the first end-of-turn
+token after it closes the assistant message, and the stream already ends with it, so the
+delta is `\\n|<|im_start|>|user|\\n|more|<|im_end|>|\\n|<|im_start|>|assistant|\\n`. The
+template's own tokenization of "Hello" (maybe `Hello`, one token) never enters the stream:
+the stream keeps `Hel|lo`, the tokens the model chose. So the stream after turn n is the
+template rendering of the conversation with each assistant message replaced by the tokens
+the model committed for it; that is what the tests check.
+
+A template that rewrites earlier turns (its rendering of the conversation so far is not a
+prefix of the next one) or that marks no end of turn with an end-of-generation id cannot
+be diffed. The turn then *rebuilds*: the stream is cut back to its longest common prefix
+with the new rendering, the rest of the rendering is appended, and the draft index is
+rebuilt from the new stream (an index cannot forget tokens). `rebuilds` counts them.
+
+Stops. Generation ends at the model's end-of-generation ids and at `extra_stop_ids`: token
+ids, compared inside the decoder's acceptance loop, so they are exact with speculation too.
+Text `stop_sequences` are found in the decoded text; the reply is cut before the sequence
+and the stream is cut back to the tokens that spell the kept text (the few characters of a
+token that straddles the cut are re-encoded and appended). They are refused together with
+speculation: the token that completes a sequence can be accepted in the middle of a verify
+batch, and the tokens accepted after it would have drawn from the RNG although plain
+decoding stops there, breaking the one-draw-per-committed-token contract (§2, obligation 1),
+and the index would have learned tokens the trim discards.
+
+The turn gate. With speculation the decoder's source is a `TurnGate` around the index: it
+passes the committed stream through, and during a reply it stops at the first stop id, so
+tokens after a stop are never learned (with this decoder none exist: the filter is a guard),
+and it drops the pending draft's accounting at the end of every turn (the next tokens are
+the template's, not the model's). `check_integrity()` asserts the invariant: the cache holds
+the stream but its last token, and the index has seen exactly the stream.
+
+Interruption. `stream(..., interrupt=flag)` checks `flag()` between decoder steps, so a step
+is never cut in half; closing the stream generator early works the same way. The turn ends
+there and keeps what was committed: the partial reply becomes the assistant message and
+the next turn's delta starts with the end-of-turn token the reply lacks. A KeyboardInterrupt
+(or any error) raised inside a step leaves the step undone (the decoder's guarantee); the
+turn is closed the same way and the exception propagates.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+import numpy as np
+
+from draftless.decoder import DEFAULT_SOURCE, DecodeStats, SpecOptions, SpeculativeDecoder
+from draftless.gate import CostTable
+from draftless.models.base import Model, ModelError, StreamDecoder
+from draftless.sampling import SamplingOptions
+
+__all__ = [
+    "ChatError",
+    "ContextFullError",
+    "Conversation",
+    "EmptyMessageError",
+    "Reply",
+    "SpeculationRequiredError",
+    "StopSequencesWithSpeculationError",
+    "TurnGate",
+]
+
+DEFAULT_MAX_NEW_TOKENS = 512
+
+# stop: an end-of-generation or extra stop id (committed, last in token_ids)
+# stop_sequence: a text stop sequence (trimmed away); length: max_new_tokens or the context
+# interrupted: the interrupt flag, a closed stream or Ctrl-C; error: an exception in a step
+StopReason = Literal["stop", "stop_sequence", "length", "interrupted", "error"]
+
+
+class ChatError(ValueError):
+    """A Conversation was built or used wrongly; the message says what and why."""
+
+
+class StopSequencesWithSpeculationError(ChatError):
+    """Text stop sequences cannot be combined with speculation (the one-draw contract)."""
+
+
+class SpeculationRequiredError(ChatError):
+    """Reference documents only serve speculation."""
+
+
+class EmptyMessageError(ChatError):
+    pass
+
+
+class ContextFullError(ChatError):
+    """The model's context has no room for the next message and a reply."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    text: str  # the reply as shown: stop ids and a stop sequence excluded
+    token_ids: tuple[int, ...]  # what the turn committed after the prompt (a stop id included)
+    stop_reason: StopReason
+    stats: DecodeStats  # this turn only
+    prompt_tokens: int  # tokens the user message appended (the template's delta)
+    seconds: float  # wall time of the turn, the delta's prefill included
+
+
+class TurnGate:
+    """The draft source the decoder sees: the index behind a gate that closes at a stop.
+
+    Between replies the gate passes everything (the template's delta is committed stream
+    too). During a reply it passes committed tokens up to and including the first stop id and
+    then closes: tokens after a stop are never learned, and the index is told through
+    `truncate_pending(kept)` that the pending draft's step ended there. `end_reply()` opens it
+    again and drops what is left of the pending draft's accounting.
+
+    Example: stop id 2, during a reply observe([5, 2, 7]) feeds [5, 2] to the index and
+    drops 7; the gate then drafts nothing until end_reply().
+    """
+
+    def __init__(self, index: Any, stop_ids: Iterable[int]) -> None:
+        self.index = index
+        self.stop_ids = frozenset(int(t) for t in stop_ids)
+        self.learned = 0  # tokens the index has seen
+        self.dropped = 0  # committed tokens kept from it (after a stop)
+        self._in_reply = False
+        self._closed = False
+        self.wants_topk: bool = bool(getattr(index, "wants_topk", False))
+
+    def suggest(self, max_tokens: int) -> Sequence[int] | np.ndarray:
+        return [] if self._closed else self.index.suggest(max_tokens)
+
+    def select(self) -> str | None:
+        """Which member of the index would draft (see SpeculationIndex.select)."""
+        if self._closed:
+            return None
+        select = getattr(self.index, "select", None)
+        return select() if select is not None else DEFAULT_SOURCE
+
+    @property
+    def last_source(self) -> str | None:
+        return getattr(self.index, "last_source", None)
+
+    def truncate_pending(self, n: int = 0) -> None:
+        self._truncate_pending(n)
+
+    def observe(self, committed: Sequence[int] | np.ndarray) -> None:
+        ids = [int(t) for t in committed]
+        keep = 0 if self._closed else len(ids)
+        if self._in_reply and not self._closed:
+            for i, t in enumerate(ids):
+                if t in self.stop_ids:
+                    keep = i + 1
+                    self._set_closed(True)
+                    break
+        if keep < len(ids):
+            self._truncate_pending(keep)
+        if keep:
+            self.index.observe(ids[:keep])
+        self.learned += keep
+        self.dropped += len(ids) - keep
+
+    def observe_topk(self, token_ids: Sequence[int] | np.ndarray, topk_ids: np.ndarray) -> None:
+        """Rows whose input token is a stop (what follows a stop) are not learned."""
+        if self._closed:
+            return
+        ids = [int(t) for t in token_ids]
+        rows = len(ids)
+        if self._in_reply:
+            rows = next((i for i, t in enumerate(ids) if i > 0 and t in self.stop_ids), rows)
+        if rows:
+            self.index.observe_topk(ids[:rows], topk_ids[:rows])
+
+    def start_reply(self) -> None:
+        self._in_reply = True
+        self._set_closed(False)
+
+    def end_reply(self) -> None:
+        self._truncate_pending(0)
+        self._in_reply = False
+        self._set_closed(False)
+
+    def _set_closed(self, closed: bool) -> None:
+        self._closed = closed
+        self.wants_topk = bool(getattr(self.index, "wants_topk", False)) and not closed
+
+    def _truncate_pending(self, n: int) -> None:
+        truncate = getattr(self.index, "truncate_pending", None)
+        if truncate is not None:
+            truncate(n)
+
+
+def _default_index(vocab_size: int) -> Any:
+    from draftless.sources import SpeculationIndex
+
+    return SpeculationIndex(vocab_size)
+
+
+class Conversation:
+    """A chat with one model, plain or speculative; it owns the model's cache.
+
+        conv = Conversation(model, system="Be brief.", speculation=True)
+        conv.add_reference_text(open("notes.md").read())
+        reply = conv.send("Summarise the notes.")        # Reply(text, token_ids, ...)
+        for piece in conv.stream("And the second point?"):  # the same, streamed
+            print(piece, end="")
+
+    Plain and speculative conversations commit the same stream, turn after turn (greedy,
+    or sampled with a seed); an interrupted turn ends after a whole step, and a speculative
+    step may commit several tokens. Options are checked here; a bad one raises a ChatError (a
+    ValueError) naming it. `index_factory` builds the draft index (default: the cascade,
+    `SpeculationIndex(model.vocab_size)`); `reset()` calls the index's `reset()` if it has
+    one, else the factory again.
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        *,
+        system: str | None = None,
+        sampling: SamplingOptions | None = None,
+        speculation: bool = False,
+        spec_options: SpecOptions | None = None,
+        extra_stop_ids: Iterable[int] = (),
+        stop_sequences: Iterable[str] = (),
+        cost_table: CostTable | None = None,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        index_factory: Callable[[], Any] | None = None,
+        clock: Callable[[], float] | None = time.perf_counter,
+    ) -> None:
+        if (
+            isinstance(max_new_tokens, bool)
+            or not isinstance(max_new_tokens, int)
+            or max_new_tokens < 1
+        ):
+            raise ChatError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+        if system is not None and not isinstance(system, str):
+            raise ChatError(f"system must be a string or None, got {type(system).__name__}")
+        sequences = (stop_sequences,) if isinstance(stop_sequences, str) else stop_sequences
+        self.stop_sequences: tuple[str, ...] = tuple(sequences)
+        for s in self.stop_sequences:
+            if not isinstance(s, str) or not s:
+                raise ChatError(f"stop_sequences must be non-empty strings, got {s!r}")
+        if self.stop_sequences and speculation:
+            raise StopSequencesWithSpeculationError(
+                "stop_sequences cannot be combined with speculation: the token that completes "
+                "a sequence can be accepted in the middle of a verify batch, and the tokens "
+                "accepted after it would draw from the RNG where plain decoding stops (the "
+                "one RNG draw per committed token contract, design record §2); use "
+                "extra_stop_ids (token ids, exact with speculation) or plain decoding"
+            )
+        if index_factory is not None and not speculation:
+            raise ChatError("index_factory needs speculation=True")
+        extra: set[int] = set()
+        for t in extra_stop_ids:
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < model.vocab_size:
+                raise ChatError(
+                    f"extra_stop_ids: {t!r} is not a token id in [0, {model.vocab_size})"
+                )
+            extra.add(t)
+        self.model = model
+        self.tokenizer = model.tokenizer
+        self.system = system or None
+        self.sampling = sampling or SamplingOptions()
+        self.speculation = bool(speculation)
+        self.spec_options = spec_options or SpecOptions()
+        self.cost_table = cost_table
+        self.max_new_tokens = max_new_tokens
+        self.clock = clock
+        self.turn_end_ids = frozenset(model.eos_token_ids)  # what closes a turn in a template
+        self.stop_ids = self.turn_end_ids | frozenset(extra)  # what ends a reply
+        self._index_factory = index_factory or (lambda: _default_index(model.vocab_size))
+        self._references: list[list[int]] = []
+        self._index: Any = self._index_factory() if self.speculation else None
+        self.rebuilds = 0  # turns whose template delta could not be diffed
+        self.last_reply: Reply | None = None
+        self._busy = False
+        self._start()
+        self._render([*self.messages, {"role": "user", "content": "hi"}])  # fail now, not later
+
+    # -- state ---------------------------------------------------------------------------
+    def _start(self) -> None:
+        """A fresh stream: empty cache, a new decoder (RNG from the seed), fresh index state."""
+        self.model.truncate(0)
+        self._gate = TurnGate(self._index, self.stop_ids) if self._index is not None else None
+        self.decoder = SpeculativeDecoder(
+            self.model,
+            sampling=self.sampling,
+            source=self._gate,
+            options=self.spec_options,
+            cost_table=self.cost_table,
+            clock=self.clock,
+        )
+        self.messages: list[dict[str, str]] = (
+            [{"role": "system", "content": self.system}] if self.system else []
+        )
+        self._template_prompt: list[int] = []  # the last rendering, up to its generation prompt
+        self.turns = 0
+
+    def reset(self) -> None:
+        """Forget the conversation; keep the options and the reference documents.
+
+        Afterwards the conversation commits what a new one with the same arguments and
+        references would (the RNG restarts from `sampling.seed`).
+        """
+        self._check_idle()
+        if self._index is not None:
+            self._index = self._fresh_index()
+        self._start()
+
+    def _fresh_index(self) -> Any:
+        reset = getattr(self._index, "reset", None)
+        if reset is not None:  # the cascade keeps its frozen references, rewinds the cursors
+            reset()
+            return self._index
+        index = self._index_factory()
+        for ref in self._references:
+            index.add_reference(ref)
+        return index
+
+    @property
+    def history(self) -> tuple[int, ...]:
+        """The committed token stream (prompts, templates and replies)."""
+        return tuple(self.decoder.history)
+
+    @property
+    def index(self) -> Any:
+        """The draft index (the cascade), None without speculation."""
+        return self._index
+
+    @property
+    def stats(self) -> DecodeStats:
+        """Decoder statistics since the conversation started (or was reset)."""
+        return self.decoder.stats
+
+    def source_stats(self) -> tuple[Any, ...]:
+        """Per-source acceptance of the cascade (name, accepted, drafted, muted ...)."""
+        stats = getattr(self._index, "stats", None)
+        return tuple(stats()) if stats is not None else ()
+
+    @property
+    def n_ctx(self) -> int | None:
+        n = getattr(self.model, "n_ctx", None)
+        return n if isinstance(n, int) and n > 0 else None
+
+    def check_integrity(self) -> None:
+        """Raise RuntimeError unless cache, history and index agree on the committed stream."""
+        history = self.decoder.history
+        expected = max(0, len(history) - 1)  # the last committed token is carried
+        if self.model.n_past != expected:
+            raise RuntimeError(
+                f"the cache holds {self.model.n_past} tokens, the stream "
+                f"{len(history)} (expected {expected} in the cache)"
+            )
+        if self._gate is not None and self._gate.learned != len(history):
+            raise RuntimeError(
+                f"the index learned {self._gate.learned} tokens, the stream has {len(history)}"
+            )
+        conversation = getattr(self._index, "conversation", None)
+        tokens = getattr(conversation, "tokens", None)
+        if tokens is not None and [int(t) for t in tokens] != list(history):
+            raise RuntimeError("the conversation index does not hold the committed stream")
+
+    # -- references ----------------------------------------------------------------------
+    def add_reference(self, token_ids: Sequence[int]) -> int:
+        """Inject a reference document (ids from the model's tokenizer); returns its slot.
+
+        Allowed mid-conversation: the index catches up over the stream committed so far.
+        """
+        self._check_idle()
+        if self._index is None:
+            raise SpeculationRequiredError("reference documents need speculation=True")
+        add = getattr(self._index, "add_reference", None)
+        if add is None:
+            raise ChatError(f"the draft index {type(self._index).__name__} takes no references")
+        ids = [int(t) for t in token_ids]
+        if not ids:
+            raise ChatError("the reference is empty")
+        bad = next((t for t in ids if not 0 <= t < self.model.vocab_size), None)
+        if bad is not None:
+            raise ChatError(
+                f"reference token id {bad} is outside the vocabulary [0, {self.model.vocab_size})"
+            )
+        slot = int(add(ids))
+        self._references.append(ids)
+        return slot
+
+    def add_reference_text(self, text: str) -> int:
+        """Tokenize `text` with the model's own tokenizer (the tokenize-externally contract,
+        design record §8) and inject it."""
+        if not text.strip():
+            raise ChatError("the reference is empty")
+        return self.add_reference(self.tokenizer.encode(text))
+
+    def clear_references(self) -> None:
+        self._check_idle()
+        if self._index is not None and hasattr(self._index, "clear_references"):
+            self._index.clear_references()
+        self._references.clear()
+
+    @property
+    def references(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(tuple(r) for r in self._references)
+
+    # -- a turn --------------------------------------------------------------------------
+    def send(self, text: str, *, interrupt: Callable[[], bool] | None = None) -> Reply:
+        """One turn: the user's `text` in, the assistant's Reply out."""
+        for _ in self.stream(text, interrupt=interrupt):
+            pass
+        assert self.last_reply is not None
+        return self.last_reply
+
+    def stream(self, text: str, *, interrupt: Callable[[], bool] | None = None) -> Iterator[str]:
+        """One turn, streamed: yields pieces of the reply text; `last_reply` has the Reply.
+
+        The message is checked (and the template rendered) now; the model runs as the
+        iterator is consumed. `interrupt()` is polled between decoder steps: True ends the
+        turn there, as does closing the iterator.
+        """
+        self._check_idle()
+        if not isinstance(text, str) or not text.strip():
+            raise EmptyMessageError("the message is empty")
+        messages = [*self.messages, {"role": "user", "content": text}]
+        rendered = self._render(messages)
+        keep, delta = self._delta(rendered)
+        size = keep + len(delta)
+        budget = self.max_new_tokens
+        if self.n_ctx is not None:
+            room = self.n_ctx - size
+            if room < 1:
+                raise ContextFullError(
+                    f"the context is full: {size} tokens with this message, the model holds "
+                    f"{self.n_ctx}; reset the conversation"
+                )
+            budget = min(budget, room)
+        return self._turn(messages, rendered, keep, delta, budget, interrupt)
+
+    def _render(self, messages: list[dict[str, str]]) -> list[int]:
+        try:
+            return [
+                int(t)
+                for t in self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+            ]
+        except ModelError:
+            raise
+        except Exception as err:  # a Jinja error from the model's own template
+            raise ChatError(f"the chat template failed: {err}") from None
+
+    def _delta(self, rendered: list[int]) -> tuple[int, list[int]]:
+        """(keep, tokens): keep the first `keep` committed tokens, then append `tokens`."""
+        history = self.decoder.history
+        if not history:
+            return 0, rendered
+        prev = self._template_prompt
+        if prev and rendered[: len(prev)] == prev:
+            for e in range(len(prev), len(rendered)):
+                if rendered[e] in self.turn_end_ids:  # closes the previous assistant message
+                    skip = 1 if history[-1] == rendered[e] else 0
+                    return len(history), rendered[e + skip :]
+        keep = 0  # the template cannot be diffed: rebuild from the common prefix
+        while keep < min(len(history), len(rendered)) and history[keep] == rendered[keep]:
+            keep += 1
+        keep = min(keep, len(rendered) - 1)  # something must be appended to decode from
+        return keep, rendered[keep:]
+
+    def _turn(
+        self,
+        messages: list[dict[str, str]],
+        rendered: list[int],
+        keep: int,
+        delta: list[int],
+        budget: int,
+        interrupt: Callable[[], bool] | None,
+    ) -> Iterator[str]:
+        self._busy = True
+        dec = self.decoder
+        before = _copy_stats(dec.stats)
+        t0 = time.perf_counter()
+        produced: list[int] = []  # committed by this turn's decoding
+        text = ""  # the reply text decoded so far
+        shown = 0  # characters of `text` already yielded
+        reason: StopReason = "length"
+        cut: int | None = None  # where a stop sequence starts in `text`
+        appended = done = False
+        detok = StreamDecoder(self.tokenizer, skip_special=True)
+        hold = max((len(s) for s in self.stop_sequences), default=1) - 1
+        try:
+            self._check_cache()
+            if keep < len(dec.history):
+                self._rewind(keep, rebuild=True)
+                self.rebuilds += 1
+            dec.append(delta)
+            appended = True
+            self.messages = messages
+            self._template_prompt = rendered
+            if self._gate is not None:
+                self._gate.start_reply()
+            for chunk in dec.stream(budget, self.stop_ids):
+                produced.extend(chunk)
+                start = max(0, len(text) - hold)
+                text += "".join(detok.push(t) for t in chunk if t not in self.stop_ids)
+                if chunk[-1] in self.stop_ids:
+                    reason = "stop"
+                cut = _find_stop(text, self.stop_sequences, start)
+                if cut is not None:
+                    reason = "stop_sequence"
+                    break
+                safe = len(text) - _held_back(text, self.stop_sequences)
+                if safe > shown:
+                    yield text[shown:safe]
+                    shown = safe
+                if reason == "length" and interrupt is not None and interrupt():
+                    reason = "interrupted"
+                    break
+            if reason != "stop_sequence":
+                start = max(0, len(text) - hold)
+                text += detok.flush()
+                cut = _find_stop(text, self.stop_sequences, start)
+                if cut is not None:
+                    reason = "stop_sequence"
+            if cut is not None:
+                produced, text = self._trim(produced, text, cut)
+            done = True
+            if len(text) > shown:
+                yield text[shown:]
+        except BaseException as err:
+            if not done:
+                if isinstance(err, KeyboardInterrupt | GeneratorExit):
+                    reason = "interrupted"
+                else:
+                    reason = "error"
+                text += detok.flush()
+            raise
+        finally:
+            if appended:
+                self._finish(text, produced, reason, len(delta), t0, before)
+            self._busy = False
+
+    def _finish(
+        self,
+        text: str,
+        produced: list[int],
+        reason: StopReason,
+        prompt_tokens: int,
+        t0: float,
+        before: DecodeStats,
+    ) -> None:
+        self.messages.append({"role": "assistant", "content": text})
+        if self._gate is not None:
+            self._gate.end_reply()
+        self.turns += 1
+        self.last_reply = Reply(
+            text=text,
+            token_ids=tuple(produced),
+            stop_reason=reason,
+            stats=_stats_delta(self.decoder.stats, before),
+            prompt_tokens=prompt_tokens,
+            seconds=time.perf_counter() - t0,
+        )
+
+    def _trim(self, produced: list[int], text: str, cut: int) -> tuple[list[int], str]:
+        """Cut the reply before text[cut:] (a stop sequence) and the stream with it.
+
+        Keeps the longest prefix of `produced` whose text fits in text[:cut] and re-encodes
+        the characters of a token that straddles the cut. Plain decoding only (no index to
+        unlearn): the RNG drew for the discarded tokens, as a plain run stopping there does.
+        """
+        kept = text[:cut]
+        n = len(produced)
+        while n > 0:
+            prefix = self.tokenizer.decode(
+                [t for t in produced[:n] if t not in self.stop_ids], skip_special=True
+            )
+            if len(prefix) <= cut and kept.startswith(prefix):
+                break
+            n -= 1
+        else:
+            prefix = ""
+        fragment = kept[len(prefix) :]
+        extra = [int(t) for t in self.tokenizer.encode(fragment)] if fragment else []
+        self._rewind(len(self.decoder.history) - (len(produced) - n), rebuild=False)
+        self.decoder.append(extra)
+        return produced[:n] + extra, kept
+
+    def _rewind(self, n: int, *, rebuild: bool) -> None:
+        """Cut the committed stream back to its first n tokens."""
+        dec = self.decoder
+        if n >= len(dec.history):
+            return
+        dec.truncate(max(0, n))
+        if self._index is not None:
+            if not rebuild:  # never happens: trims are plain-only
+                raise RuntimeError("the draft index cannot forget committed tokens")
+            self._index = self._fresh_index()
+            self._gate = TurnGate(self._index, self.stop_ids)
+            self._gate.observe(dec.history)
+            dec.source = self._gate
+
+    def _check_idle(self) -> None:
+        if self._busy:
+            raise ChatError("a turn is still streaming; finish or close it first")
+
+    def _check_cache(self) -> None:
+        expected = max(0, len(self.decoder.history) - 1)
+        if self.model.n_past != expected:
+            raise RuntimeError(
+                f"the model's cache holds {self.model.n_past} tokens but this conversation "
+                f"expects {expected}: another user of the model changed it"
+            )
+
+
+def _find_stop(text: str, sequences: Sequence[str], start: int) -> int | None:
+    """Index in `text` of the earliest stop sequence that ends after `start`, or None."""
+    hits = [i for s in sequences if (i := text.find(s, start)) >= 0]
+    return min(hits) if hits else None
+
+
+def _held_back(text: str, sequences: Sequence[str]) -> int:
+    """Length of the longest suffix of `text` that could start a stop sequence."""
+    best = 0
+    for s in sequences:
+        for n in range(min(len(s) - 1, len(text)), best, -1):
+            if s.startswith(text[-n:]):
+                best = n
+                break
+    return best
+
+
+def _copy_stats(stats: DecodeStats) -> DecodeStats:
+    return DecodeStats(**{f.name: getattr(stats, f.name) for f in fields(DecodeStats)})
+
+
+def _stats_delta(after: DecodeStats, before: DecodeStats) -> DecodeStats:
+    return DecodeStats(
+        **{f.name: getattr(after, f.name) - getattr(before, f.name) for f in fields(DecodeStats)}
+    )
