@@ -147,11 +147,47 @@ def test_one_noisy_sample_cannot_flip_a_winning_gate() -> None:
     assert gate.allows()
 
 
-def test_adaptive_budget() -> None:
-    gate = CostGate(TABLE, GateOptions())
+def test_adaptive_budget_formula_on_a_flat_table() -> None:
+    """With verifies as cheap as plain steps, longer is always better: the record's formula
+    max(2, 2 + ceil(acceptance x max_draft)) is what limits the budget."""
+    flat = CostTable((1, 64), (1.0, 1.0))
+    gate = CostGate(flat, GateOptions())
     assert gate.budget(16) == 16  # nothing measured yet
     gate.record_verify(k=9, drafted=8, accepted=2, committed=3)  # acceptance 0.25
     assert gate.budget(16) == 2 + 4
-    gate2 = CostGate(TABLE, GateOptions())
+    gate2 = CostGate(flat, GateOptions())
     gate2.record_verify(k=9, drafted=8, accepted=0, committed=1)
     assert gate2.budget(16) == 2
+
+
+def expected_rate(p: float, d: int, gate: CostGate) -> float:
+    return sum(p**i for i in range(d + 1)) / gate.verify_cost(d + 1)
+
+
+@pytest.mark.parametrize("accepted", [0, 3, 6, 8])
+@pytest.mark.parametrize(
+    "table",
+    [
+        CostTable((1, 2, 4, 8, 16, 32), (1.0, 1.4, 2.2, 3.5, 6.2, 11.0)),  # llama.cpp-like
+        CostTable((1, 2, 4, 8, 16, 32), (1.0, 1.08, 1.5, 2.0, 2.0, 2.5)),  # transformers-like
+        TABLE,
+    ],
+)
+def test_budget_maximises_expected_tokens_per_cost(accepted: int, table: CostTable) -> None:
+    """Oracle: brute force over every length the formula allows."""
+    gate = CostGate(table, GateOptions(min_window_drafted=10**6))  # never trips here
+    for _ in range(3):
+        gate.record_verify(k=9, drafted=8, accepted=accepted, committed=accepted + 1)
+    p = gate.token_acceptance()
+    limit = min(16, max(2, 2 + -(-accepted * 16 // 8)))
+    best = max(range(1, limit + 1), key=lambda d: (expected_rate(p, d, gate), -d))
+    assert gate.budget(16) == max(2, best)
+
+
+def test_steep_costs_draft_short_and_flat_costs_draft_long() -> None:
+    steep = CostGate(CostTable((1, 2, 4, 8, 16), (1.0, 1.4, 2.2, 3.5, 6.2)), GateOptions())
+    flat = CostGate(CostTable((1, 2, 4, 8, 16), (1.0, 1.08, 1.5, 2.0, 2.0)), GateOptions())
+    for gate in (steep, flat):
+        for _ in range(4):
+            gate.record_verify(k=9, drafted=8, accepted=7, committed=8)
+    assert steep.budget(16) < 8 < flat.budget(16)
