@@ -98,10 +98,12 @@ class CostTable:
         return cls(tuple(int(k) for k in data["ks"]), tuple(float(c) for c in data["costs"]))
 
 
-# Shipped defaults, measured on a 2-core x86 machine with SmolLM2-135M (see `draftless probe`).
+# Shipped defaults, used until `draftless probe` stores a table for the model and machine.
+# Measured with SmolLM2-135M on a 2-core x86 machine: transformers fp32; llama.cpp Q4_1 built
+# for AVX2, where a batch costs nearly k single steps (no batched kernel for Q4_1 there).
 DEFAULT_COST_TABLES: dict[str, CostTable] = {
     "hf": CostTable((1, 2, 4, 8, 16, 32), (1.0, 1.08, 1.5, 2.0, 2.0, 2.5)),
-    "llamacpp": CostTable((1, 2, 4, 8, 16, 32), (1.0, 1.4, 2.2, 3.5, 6.2, 11.0)),
+    "llamacpp": CostTable((1, 2, 4, 8, 16, 32), (1.0, 1.7, 2.85, 5.1, 10.0, 19.7)),
 }
 
 
