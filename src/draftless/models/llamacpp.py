@@ -97,7 +97,11 @@ def _first_error(default: str) -> str:
 @dataclass(frozen=True, slots=True)
 class LlamaCppOptions:
     n_ctx: int = 4096  # tokens the cache holds; capped at the model's training context
-    n_threads: int = 0  # 0: os.cpu_count()
+    # 1 by default: with more threads llama.cpp's attention splits its work by batch shape, so
+    # a verify batch and single steps round differently past ~256 tokens of context (logits
+    # off by up to 0.85 on SmolLM2) and a speculative stream can leave the plain one at a
+    # near-tie. One thread is bitwise exact for every batch shape measured. 0: all cores.
+    n_threads: int = 1
     n_batch: int = 512  # tokens per llama_decode (prefill and forward split longer inputs)
     n_outputs_max: int = 64  # logits rows per llama_decode; forward splits larger k
 
@@ -389,7 +393,7 @@ class LlamaCppModel:
 
     @classmethod
     def load(cls, spec: ModelSpec, **options: Any) -> LlamaCppModel:
-        """Load a GGUF. Options: n_ctx (4096), n_threads (all cores), n_batch (512),
+        """Load a GGUF. Options: n_ctx (4096), n_threads (1; 0 = all cores), n_batch (512),
         n_outputs_max (64: logits rows per decode)."""
         opts = LlamaCppOptions.from_kwargs(options)
         path = Path(spec.path)
