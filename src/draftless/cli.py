@@ -369,8 +369,8 @@ def _add_optional_commands(sub: Any) -> None:
         try:
             module = __import__(module_name, fromlist=["register"])
         except ModuleNotFoundError as err:
-            if err.name != module_name:
-                raise
+            if err.name is None or not module_name.startswith(err.name):
+                raise  # a missing dependency inside the module, not the module itself
             continue
         module.register(sub)
 
