@@ -36,8 +36,9 @@ class FakeTokenizer:
 class InductionModel:
     backend = "fake"
 
-    def __init__(self, vocab: int = 50, seed: int = 0, copy_strength: float = 3.0,
-                 eos: int | None = None) -> None:
+    def __init__(
+        self, vocab: int = 50, seed: int = 0, copy_strength: float = 3.0, eos: int | None = None
+    ) -> None:
         rng = np.random.default_rng(seed)
         self.name = f"induction-{vocab}-{seed}"
         self.vocab_size = vocab

@@ -15,8 +15,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def run(*args: str, stdin: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-    return subprocess.run([sys.executable, "-m", "draftless", *args], input=stdin, text=True,
-                          capture_output=True, env=env, timeout=timeout, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "draftless", *args],
+        input=stdin,
+        text=True,
+        capture_output=True,
+        env=env,
+        timeout=timeout,
+        cwd=ROOT,
+    )
 
 
 def assert_user_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
@@ -31,8 +38,9 @@ def assert_user_error(proc: subprocess.CompletedProcess, *fragments: str) -> Non
 
 
 def test_missing_model_file(tmp_path: Path) -> None:
-    assert_user_error(run("generate", "--model", str(tmp_path / "nope.gguf"), "-p", "hi"),
-                      "not found")
+    assert_user_error(
+        run("generate", "--model", str(tmp_path / "nope.gguf"), "-p", "hi"), "not found"
+    )
 
 
 def test_file_that_is_not_gguf(tmp_path: Path) -> None:
@@ -42,13 +50,16 @@ def test_file_that_is_not_gguf(tmp_path: Path) -> None:
 
 
 def test_unknown_model_name() -> None:
-    assert_user_error(run("generate", "--model", "llama-9000", "-p", "hi"), "unknown model",
-                      "smollm2")
+    assert_user_error(
+        run("generate", "--model", "llama-9000", "-p", "hi"), "unknown model", "smollm2"
+    )
 
 
 def test_unknown_backend_is_refused_by_the_parser() -> None:
     proc = run("generate", "--backend", "onnx", "-p", "hi")
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "invalid choice" in proc.stderr
+    assert (
+        proc.returncode == 2 and "Traceback" not in proc.stderr and "invalid choice" in proc.stderr
+    )
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from draftless.decoder import SpecOptions, SpeculativeDecoder, generate, topk_rows
+from draftless.gate import CostTable, GateOptions
+from draftless.sampling import SamplingOptions, sample
 from fakes import (
     InductionModel,
     ScriptedSource,
@@ -17,19 +23,19 @@ from fakes import (
     perfect_source,
     random_source,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from draftless.decoder import SpecOptions, SpeculativeDecoder, generate, topk_rows
-from draftless.gate import CostTable, GateOptions
-from draftless.sampling import SamplingOptions, sample
 
 VOCAB = 40
 PROMPT = [3, 7, 9, 3, 7, 9, 1, 2, 3, 7]
 GREEDY = SamplingOptions()
 SAMPLED = SamplingOptions(temperature=0.8, top_k=20, seed=1234)
-PENALISED = SamplingOptions(temperature=0.8, top_k=20, repeat_penalty=1.3,
-                            frequency_penalty=0.4, presence_penalty=0.3, seed=99)
+PENALISED = SamplingOptions(
+    temperature=0.8,
+    top_k=20,
+    repeat_penalty=1.3,
+    frequency_penalty=0.4,
+    presence_penalty=0.3,
+    seed=99,
+)
 ALWAYS = SpecOptions(gate=False)  # verify every draft: the decoder, not the gate, under test
 
 
@@ -47,7 +53,9 @@ def sources(reference: list[int]) -> dict[str, ScriptedSource]:
 
 
 @pytest.mark.parametrize("kind", ["perfect", "garbage", "alternating", "random"])
-@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED, PENALISED], ids=["greedy", "sampled", "penalised"])
+@pytest.mark.parametrize(
+    "sampling", [GREEDY, SAMPLED, PENALISED], ids=["greedy", "sampled", "penalised"]
+)
 def test_speculative_stream_equals_plain(kind: str, sampling: SamplingOptions) -> None:
     model = InductionModel(VOCAB, seed=5)
     expected = plain(model, sampling)
@@ -72,10 +80,18 @@ def test_speculative_stream_equals_plain(kind: str, sampling: SamplingOptions) -
 )
 def test_random_sources_never_change_the_stream(model_seed, source_seed, temperature, max_draft, n):
     model = InductionModel(VOCAB, seed=model_seed)
-    sampling = SamplingOptions(temperature=temperature, top_p=0.9, repeat_penalty=1.1, seed=model_seed)
+    sampling = SamplingOptions(
+        temperature=temperature, top_p=0.9, repeat_penalty=1.1, seed=model_seed
+    )
     expected = plain(model, sampling, n)
-    got = generate(model, PROMPT, n, sampling=sampling, source=random_source(VOCAB, source_seed),
-                   options=SpecOptions(gate=False, max_draft=max_draft, min_draft=1))
+    got = generate(
+        model,
+        PROMPT,
+        n,
+        sampling=sampling,
+        source=random_source(VOCAB, source_seed),
+        options=SpecOptions(gate=False, max_draft=max_draft, min_draft=1),
+    )
     assert got.token_ids == expected
     assert len(got.token_ids) == n or got.token_ids[-1] in model.eos_token_ids
 
@@ -103,8 +119,9 @@ def capture(model, sampling, source=None):
         assert position not in rows, "a position was sampled twice"
         rows[position] = row.copy()
 
-    result = generate(model, PROMPT, 60, sampling=sampling, source=source, options=ALWAYS,
-                      verify_row_hook=hook)
+    result = generate(
+        model, PROMPT, 60, sampling=sampling, source=source, options=ALWAYS, verify_row_hook=hook
+    )
     return result, rows
 
 
@@ -157,8 +174,15 @@ def test_gating_is_orthogonal_to_the_stream() -> None:
     expected = plain(model, SAMPLED, 300)
     opts = SpecOptions(gate_options=GateOptions(reprobe_after=4, reprobe_max=16, probe_steps=2))
     dear = CostTable((1, 2, 16), (1.0, 3.0, 10.0))
-    result = generate(model, PROMPT, 300, sampling=SAMPLED, source=garbage_source(VOCAB),
-                      options=opts, cost_table=dear)
+    result = generate(
+        model,
+        PROMPT,
+        300,
+        sampling=SAMPLED,
+        source=garbage_source(VOCAB),
+        options=opts,
+        cost_table=dear,
+    )
     assert result.token_ids == expected
     assert result.stats.gate_off >= 1 and result.stats.gate_probes >= 3
     assert result.stats.plain_steps > result.stats.verify_steps
@@ -175,8 +199,14 @@ def test_gate_reopens_when_drafts_pay() -> None:
         return [0] * n if calls[0] <= 6 else good(stream, n)
 
     opts = SpecOptions(gate_options=GateOptions(reprobe_after=4, probe_steps=2))
-    result = generate(model, PROMPT, 300, source=ScriptedSource(propose), options=opts,
-                      cost_table=CostTable((1, 2, 16), (1.0, 1.5, 3.0)))
+    result = generate(
+        model,
+        PROMPT,
+        300,
+        source=ScriptedSource(propose),
+        options=opts,
+        cost_table=CostTable((1, 2, 16), (1.0, 1.5, 3.0)),
+    )
     assert result.token_ids == expected
     assert result.stats.gate_off >= 1 and result.stats.gate_on >= 1
 
@@ -205,7 +235,7 @@ def test_a_failing_verify_leaves_no_unverified_rows() -> None:
     assert model.n_past == committed - 1  # everything but the carried token, nothing more
     model.fail_after = None
     rest = dec.generate(30 - (committed - len(PROMPT))).token_ids  # and decoding resumes exactly
-    assert dec.history[len(PROMPT):] == expected[: len(dec.history) - len(PROMPT)]
+    assert dec.history[len(PROMPT) :] == expected[: len(dec.history) - len(PROMPT)]
     assert rest == expected[committed - len(PROMPT) :]
 
 
@@ -214,8 +244,15 @@ def test_stop_ids_end_inside_a_verify_without_extra_draws() -> None:
     expected = plain(model, SAMPLED, 80)
     stop = expected[30]
     first = expected.index(stop)
-    got = generate(model, PROMPT, 80, sampling=SAMPLED, source=perfect_source(PROMPT + expected),
-                   options=ALWAYS, stop_ids=[stop])
+    got = generate(
+        model,
+        PROMPT,
+        80,
+        sampling=SAMPLED,
+        source=perfect_source(PROMPT + expected),
+        options=ALWAYS,
+        stop_ids=[stop],
+    )
     assert got.token_ids == expected[: first + 1]
     assert got.stop_reason == "stop"
 
@@ -224,8 +261,9 @@ def test_max_new_tokens_is_exact() -> None:
     model = InductionModel(VOCAB, seed=5)
     expected = plain(model, GREEDY, 80)
     for n in (1, 2, 7, 33):
-        got = generate(model, PROMPT, n, source=perfect_source(PROMPT + expected), options=ALWAYS,
-                       stop_ids=[])
+        got = generate(
+            model, PROMPT, n, source=perfect_source(PROMPT + expected), options=ALWAYS, stop_ids=[]
+        )
         assert got.token_ids == expected[:n]
 
 
@@ -282,7 +320,9 @@ def test_topk_goes_to_sources_that_want_it_and_only_those() -> None:
 
     generate(model, PROMPT, 10, source=Wants(lambda s, n: []), options=ALWAYS)
     assert len(seen) == 10 and all(t.shape == (1, 8) for _, t in seen)
-    generate(model, PROMPT, 10, source=ScriptedSource(lambda s, n: []), options=ALWAYS)  # raises if called
+    generate(
+        model, PROMPT, 10, source=ScriptedSource(lambda s, n: []), options=ALWAYS
+    )  # raises if called
 
 
 def test_invalid_decoder_options() -> None:
@@ -321,7 +361,9 @@ def test_a_losing_member_is_gated_off_without_silencing_a_winning_one() -> None:
     model = InductionModel(VOCAB, seed=12)
     expected = plain(model, GREEDY, 400)
     source = TwoMembers(PROMPT + expected)
-    dec = SpeculativeDecoder(model, source=source, cost_table=CostTable((1, 2, 17), (1.0, 1.5, 4.0)))
+    dec = SpeculativeDecoder(
+        model, source=source, cost_table=CostTable((1, 2, 17), (1.0, 1.5, 4.0))
+    )
     model.truncate(0)
     dec.append(PROMPT)
     assert dec.generate(400).token_ids == expected

@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from fakes import garbage_source, perfect_source, random_source
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from test_hf import KINDS, VOCAB, byte_tokenizer, hf_generate, tiny_model  # noqa: E402
-
 from draftless.decoder import SpecOptions, generate  # noqa: E402
 from draftless.models.hf import HFModel  # noqa: E402
 from draftless.sampling import SamplingOptions  # noqa: E402
 from draftless.sources import SpeculationIndex  # noqa: E402
+from test_hf import KINDS, VOCAB, byte_tokenizer, hf_generate, tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.hf
 ALWAYS = SpecOptions(gate=False)

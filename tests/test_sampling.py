@@ -62,7 +62,9 @@ def test_penalty_window_only_sees_the_last_n_tokens() -> None:
     opts = SamplingOptions(presence_penalty=10.0, penalty_last_n=2)
     row = apply_penalties(ROW, [1, 0, 4], opts)
     assert row[1] == 3.0 and row[0] == -9.0 and row[4] == -9.5
-    whole = apply_penalties(ROW, [1, 0, 4], SamplingOptions(presence_penalty=10.0, penalty_last_n=-1))
+    whole = apply_penalties(
+        ROW, [1, 0, 4], SamplingOptions(presence_penalty=10.0, penalty_last_n=-1)
+    )
     assert whole[1] == -7.0
     off = apply_penalties(ROW, [1, 0, 4], SamplingOptions(presence_penalty=10.0, penalty_last_n=0))
     np.testing.assert_array_equal(off, ROW)
@@ -128,8 +130,9 @@ def test_ties_break_by_token_id() -> None:
 @given(seed=st.integers(0, 2**32 - 1), vocab=st.integers(2, 300))
 def test_same_seed_same_stream(seed: int, vocab: int) -> None:
     logits = np.random.default_rng(vocab).normal(size=(20, vocab)).astype(np.float32)
-    opts = SamplingOptions(temperature=0.9, top_k=10, top_p=0.95, min_p=0.01,
-                           repeat_penalty=1.1, seed=seed)
+    opts = SamplingOptions(
+        temperature=0.9, top_k=10, top_p=0.95, min_p=0.01, repeat_penalty=1.1, seed=seed
+    )
 
     def run() -> list[int]:
         rng, _ = make_rng(opts.seed)

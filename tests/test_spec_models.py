@@ -33,12 +33,20 @@ CODE = '''def moving_average(values, window):
 '''
 PROMPTS = {
     "raw-copy": ("raw", f"Original text:\n{DEMO_PASSAGE}\n\nThe same text, copied exactly:\n"),
-    "chat-copy": ("chat", f"Repeat the following passage exactly, word for word:\n\n{DEMO_PASSAGE}"),
-    "code-edit": ("chat", f"Rename moving_average to rolling_mean and output the whole code:\n\n{CODE}"),
+    "chat-copy": (
+        "chat",
+        f"Repeat the following passage exactly, word for word:\n\n{DEMO_PASSAGE}",
+    ),
+    "code-edit": (
+        "chat",
+        f"Rename moving_average to rolling_mean and output the whole code:\n\n{CODE}",
+    ),
     "free-form": ("chat", "Write a short story about a lighthouse keeper."),
 }
 BACKENDS = [
-    pytest.param("llamacpp", marks=pytest.mark.skipif(not llamacpp_available(), reason="no llama_cpp")),
+    pytest.param(
+        "llamacpp", marks=pytest.mark.skipif(not llamacpp_available(), reason="no llama_cpp")
+    ),
     pytest.param("hf", marks=pytest.mark.skipif(not hf_available(), reason="no torch")),
 ]
 
@@ -60,16 +68,23 @@ def encode(model, kind: str, text: str) -> list[int]:
 def test_greedy_speculative_equals_plain(model, name: str) -> None:
     ids = encode(model, *PROMPTS[name])
     rows: dict[int, np.ndarray] = {}
-    plain = generate(model, ids, 120,
-                     verify_row_hook=lambda pos, row: rows.__setitem__(pos, row.copy()))
+    plain = generate(
+        model, ids, 120, verify_row_hook=lambda pos, row: rows.__setitem__(pos, row.copy())
+    )
     for options in (SpecOptions(), SpecOptions(gate=False)):
         spec = generate(model, ids, 120, source=SpeculationIndex(model.vocab_size), options=options)
         if spec.token_ids != plain.token_ids:
-            i = next(i for i, (a, b) in enumerate(zip(spec.token_ids, plain.token_ids)) if a != b)
+            i = next(
+                i
+                for i, (a, b) in enumerate(zip(spec.token_ids, plain.token_ids, strict=False))
+                if a != b
+            )
             row = rows[len(ids) + i]
             top2 = np.sort(row)[-2:]
-            pytest.fail(f"{model.backend}/{name}: diverges at generated token {i} "
-                        f"(plain {plain.token_ids[i]}, spec {spec.token_ids[i]}); plain top-2 "
-                        f"logit margin there {top2[1] - top2[0]:.4f}")
+            pytest.fail(
+                f"{model.backend}/{name}: diverges at generated token {i} "
+                f"(plain {plain.token_ids[i]}, spec {spec.token_ids[i]}); plain top-2 "
+                f"logit margin there {top2[1] - top2[0]:.4f}"
+            )
     if name != "free-form":
         assert spec.stats.accepted > 0  # the index really drafted and the model agreed

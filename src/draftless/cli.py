@@ -35,16 +35,28 @@ USER_ERRORS = (UsageError, ModelError, OptionsError, GateOptionsError, DecoderOp
 
 # -- shared options ------------------------------------------------------------------------
 def add_model_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", "-m", default=DEFAULT_MODEL,
-                   help=f"registry name (smollm2, gemma3-270m) or a path (default {DEFAULT_MODEL})")
-    p.add_argument("--backend", choices=BACKENDS, default="auto",
-                   help="auto: llama.cpp for GGUF when installed, else transformers")
+    p.add_argument(
+        "--model",
+        "-m",
+        default=DEFAULT_MODEL,
+        help=f"registry name (smollm2, gemma3-270m) or a path (default {DEFAULT_MODEL})",
+    )
+    p.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="auto",
+        help="auto: llama.cpp for GGUF when installed, else transformers",
+    )
     p.add_argument("--device", default=None, help="transformers device (cpu, cuda, cuda:1)")
     p.add_argument("--n-ctx", type=int, default=None, help="llama.cpp context size")
-    p.add_argument("--threads", type=int, default=None,
-                   help="CPU threads for the model (llama.cpp default 1: with more, its "
-                        "attention rounds differently per batch shape and speculative output "
-                        "can differ from plain at near-ties; transformers default: torch's)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads for the model (llama.cpp default 1: with more, its "
+        "attention rounds differently per batch shape and speculative output "
+        "can differ from plain at near-ties; transformers default: torch's)",
+    )
 
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
@@ -64,16 +76,26 @@ def add_spec_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("speculation")
     g.add_argument("--spec", action="store_true", help="speculate (lossless)")
     g.add_argument("--max-draft", type=int, default=16, help="draft tokens per verify at most")
-    g.add_argument("--spec-ref", action="append", default=[], metavar="FILE",
-                   help=f"reference document to draft from (repeatable, up to {MAX_REFERENCES})")
+    g.add_argument(
+        "--spec-ref",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help=f"reference document to draft from (repeatable, up to {MAX_REFERENCES})",
+    )
     g.add_argument("--no-gate", action="store_true", help="verify every draft (for measurement)")
 
 
 def sampling_from(args: argparse.Namespace) -> SamplingOptions:
     return SamplingOptions(
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-        repeat_penalty=args.repeat_penalty, frequency_penalty=args.frequency_penalty,
-        presence_penalty=args.presence_penalty, penalty_last_n=args.penalty_last_n,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        repeat_penalty=args.repeat_penalty,
+        frequency_penalty=args.frequency_penalty,
+        presence_penalty=args.presence_penalty,
+        penalty_last_n=args.penalty_last_n,
         seed=args.seed,
     )
 
@@ -145,12 +167,16 @@ def prompt_ids(model: Model, text: str, *, chat: bool, system: str | None) -> li
 
 def spec_summary(result: GenerationResult, source: Any) -> str:
     s = result.stats
-    line = (f"spec: steps={s.steps} committed={s.committed} ({s.tokens_per_step:.2f} tok/step) "
-            f"drafted={s.drafted} accepted={s.accepted} ({100 * s.acceptance:.0f}% acc) "
-            f"gate off={s.gate_off} on={s.gate_on} probes={s.gate_probes}")
+    line = (
+        f"spec: steps={s.steps} committed={s.committed} ({s.tokens_per_step:.2f} tok/step) "
+        f"drafted={s.drafted} accepted={s.accepted} ({100 * s.acceptance:.0f}% acc) "
+        f"gate off={s.gate_off} on={s.gate_on} probes={s.gate_probes}"
+    )
     if source is not None and hasattr(source, "stats"):
-        parts = [f"{st.name} {st.accepted}/{st.drafted}" + (" muted" if st.muted else "")
-                 for st in source.stats()]
+        parts = [
+            f"{st.name} {st.accepted}/{st.drafted}" + (" muted" if st.muted else "")
+            for st in source.stats()
+        ]
         line += " | sources: " + ", ".join(parts)
     return line
 
@@ -173,7 +199,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise UsageError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if (args.prompt is None) == (args.prompt_file is None):
         raise UsageError("give exactly one of --prompt or --prompt-file")
-    text = args.prompt if args.prompt is not None else read_text_file(args.prompt_file, "prompt file")
+    text = (
+        args.prompt if args.prompt is not None else read_text_file(args.prompt_file, "prompt file")
+    )
     if not text.strip():
         raise UsageError("the prompt is empty")
     sampling = sampling_from(args)
@@ -188,7 +216,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from draftless.probe import cost_table_for
 
     table, _origin = cost_table_for(model)
-    dec = SpeculativeDecoder(model, sampling=sampling, source=source, options=spec, cost_table=table)
+    dec = SpeculativeDecoder(
+        model, sampling=sampling, source=source, options=spec, cost_table=table
+    )
     dec.append(ids)
     t0 = time.perf_counter()
     out: list[int] = []
@@ -243,10 +273,12 @@ def cmd_probe(args: argparse.Namespace) -> int:
     model = open_model(args)
     with Spinner("measuring verify costs"):
         result = measure(model, ks=PROBE_KS, reps=args.reps, context=args.context)
-    print(f"verify cost C(k) of {model.name} on {model.backend} "
-          f"(plain step {1000 * result.plain_seconds:.2f} ms at {result.context} tokens of context)")
+    print(
+        f"verify cost C(k) of {model.name} on {model.backend} "
+        f"(plain step {1000 * result.plain_seconds:.2f} ms at {result.context} tokens of context)"
+    )
     print("k\tC(k) plain steps\tbreak-even acceptance ~C(k)/k")
-    for k, c in zip(result.table.ks, result.table.costs):
+    for k, c in zip(result.table.ks, result.table.costs, strict=True):
         print(f"{k}\t{c:.2f}\t{min(1.0, c / k):.0%}" if k > 1 else f"{k}\t{c:.2f}\t-")
     if not args.no_store:
         path = store(model, result)
@@ -271,14 +303,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from draftless.models.registry import hf_available, llamacpp_available
 
     if args.backend == "auto":
-        backends = [b for b, ok in (("llamacpp", llamacpp_available()), ("hf", hf_available())) if ok]
+        backends = [
+            b for b, ok in (("llamacpp", llamacpp_available()), ("hf", hf_available())) if ok
+        ]
     else:
         backends = [args.backend]
     if not backends:
-        raise UsageError("no backend installed: pip install 'draftless[llamacpp]' or 'draftless[hf]'")
+        raise UsageError(
+            "no backend installed: pip install 'draftless[llamacpp]' or 'draftless[hf]'"
+        )
     text = f"Original text:\n{DEMO_PASSAGE}\n\nThe same text, copied exactly:\n"
-    print(f"task: grounded copy (raw completion), greedy, up to {args.max_new_tokens} new tokens, "
-          f"{args.reps} alternating plain/speculative runs per backend; medians", flush=True)
+    print(
+        f"task: grounded copy (raw completion), greedy, up to {args.max_new_tokens} new tokens, "
+        f"{args.reps} alternating plain/speculative runs per backend; medians",
+        flush=True,
+    )
     all_identical = True
     for backend in backends:
         args.backend = backend
@@ -314,13 +353,18 @@ def demo_backend(args: argparse.Namespace, text: str) -> bool:
     tp, ts = median(runs["plain"]), median(runs["spec"])
     n = len(plain.token_ids)
     shown = [t for t in last.token_ids if t not in model.eos_token_ids]
-    print(f"\n== {model.name} on {model.backend} (loaded in {load:.1f} s; "
-          f"verify-cost table: {origin}, C(16) = {table.cost(16):.1f} plain steps)")
+    print(
+        f"\n== {model.name} on {model.backend} (loaded in {load:.1f} s; "
+        f"verify-cost table: {origin}, C(16) = {table.cost(16):.1f} plain steps)"
+    )
     print(model.tokenizer.decode(shown, skip_special=True).strip())
     print(spec_summary(last, source))
-    print(f"plain {n} tokens in {tp:.2f} s ({n / tp:.1f} tok/s); "
-          f"speculative {ts:.2f} s ({n / ts:.1f} tok/s): speedup {tp / ts:.2f}x; "
-          f"identical to plain: {'yes' if identical else 'NO'}", flush=True)
+    print(
+        f"plain {n} tokens in {tp:.2f} s ({n / tp:.1f} tok/s); "
+        f"speculative {ts:.2f} s ({n / ts:.1f} tok/s): speedup {tp / ts:.2f}x; "
+        f"identical to plain: {'yes' if identical else 'NO'}",
+        flush=True,
+    )
     model.close()
     return identical
 

@@ -359,7 +359,11 @@ def generate(
     """One generation from a fresh cache: plain when `source` is None, else speculative."""
     model.truncate(0)
     dec = SpeculativeDecoder(
-        model, sampling=sampling, source=source, options=options, cost_table=cost_table,
+        model,
+        sampling=sampling,
+        source=source,
+        options=options,
+        cost_table=cost_table,
         verify_row_hook=verify_row_hook,
     )
     dec.append(prompt_ids)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -61,8 +61,12 @@ class CostTable:
             raise CostTableEmpty("the cost table is empty: it needs at least one (k, cost) entry")
         if len(self.ks) != len(self.costs):
             raise GateOptionsError("cost table: ks and costs differ in length")
-        if any(k < 1 for k in self.ks) or any(b <= a for a, b in zip(self.ks, self.ks[1:])):
-            raise GateOptionsError(f"cost table: ks must be increasing integers >= 1, got {self.ks}")
+        if any(k < 1 for k in self.ks) or any(
+            b <= a for a, b in zip(self.ks, self.ks[1:], strict=False)
+        ):
+            raise GateOptionsError(
+                f"cost table: ks must be increasing integers >= 1, got {self.ks}"
+            )
         if any(not math.isfinite(c) or c <= 0 for c in self.costs):
             raise GateOptionsError(f"cost table: costs must be positive numbers, got {self.costs}")
 
@@ -124,7 +128,8 @@ class GateOptions:
     def __post_init__(self) -> None:
         if self.window < 2 or self.window < self.min_window_verifies:
             raise RateWindowTooSmall(
-                f"gate window must hold >= 2 verifies (and >= min_window_verifies), got {self.window}"
+                "gate window must hold >= 2 verifies (and >= min_window_verifies), "
+                f"got {self.window}"
             )
         if self.probe_steps <= 0:
             raise ProbeStepsZero("gate probe_steps must be >= 1")
@@ -261,16 +266,16 @@ class CostGate:
         if self.state is GateState.PROBE:
             self._left -= 1
             if self._left <= 0:
-                est = self.est_speedup() or 0.0
-                if est >= self.options.min_speedup + self.options.probe_margin:
+                probe_est = self.est_speedup() or 0.0
+                if probe_est >= self.options.min_speedup + self.options.probe_margin:
                     self._turn_on()
                 else:
                     self._wait = min(self.options.reprobe_max, self._wait * 2)
                     self._turn_off(count=False)
             return
         if self._ready():
-            est = self.est_speedup()
-            if est is not None and est < self.options.min_speedup:
+            window_est = self.est_speedup()
+            if window_est is not None and window_est < self.options.min_speedup:
                 self._turn_off(count=True)
 
     def reset_window(self) -> None:
@@ -279,8 +284,10 @@ class CostGate:
     # -- internals -----------------------------------------------------------------------
     def _ready(self) -> bool:
         drafted = sum(v.drafted for v in self._window)
-        return (len(self._window) >= self.options.min_window_verifies
-                and drafted >= self.options.min_window_drafted)
+        return (
+            len(self._window) >= self.options.min_window_verifies
+            and drafted >= self.options.min_window_drafted
+        )
 
     def _time_plain(self, seconds: float | None) -> None:
         if seconds is None or seconds <= 0:

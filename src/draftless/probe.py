@@ -104,8 +104,13 @@ def store(model: Model, result: ProbeResult) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
     data = json.loads(result.table.to_json())
-    data.update(plain_seconds=result.plain_seconds, context=result.context, reps=result.reps,
-                model=model.name, backend=model.backend)
+    data.update(
+        plain_seconds=result.plain_seconds,
+        context=result.context,
+        reps=result.reps,
+        model=model.name,
+        backend=model.backend,
+    )
     tmp.write_text(json.dumps(data, indent=1) + "\n")
     os.replace(tmp, path)
     return path

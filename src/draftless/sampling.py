@@ -37,8 +37,14 @@ class SamplingOptions:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("temperature", "top_p", "min_p", "repeat_penalty", "frequency_penalty",
-                     "presence_penalty"):
+        for name in (
+            "temperature",
+            "top_p",
+            "min_p",
+            "repeat_penalty",
+            "frequency_penalty",
+            "presence_penalty",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int | float) or not math.isfinite(value):
                 raise OptionsError(f"{name} must be a finite number, got {value!r}")
@@ -49,10 +55,13 @@ class SamplingOptions:
         if not 0.0 <= self.min_p <= 1.0:
             raise OptionsError(f"min_p must be in [0, 1], got {self.min_p!r}")
         if self.repeat_penalty <= 0.0:
-            raise OptionsError(f"repeat_penalty must be > 0 (1 disables it), got {self.repeat_penalty!r}")
+            raise OptionsError(
+                f"repeat_penalty must be > 0 (1 disables it), got {self.repeat_penalty!r}"
+            )
         if not isinstance(self.penalty_last_n, int) or self.penalty_last_n < -1:
             raise OptionsError(
-                f"penalty_last_n must be an integer >= -1 (-1: whole history), got {self.penalty_last_n!r}"
+                "penalty_last_n must be an integer >= -1 (-1: whole history), "
+                f"got {self.penalty_last_n!r}"
             )
         if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
             raise OptionsError(f"seed must be a non-negative integer, got {self.seed!r}")
@@ -64,7 +73,9 @@ class SamplingOptions:
     @property
     def has_penalties(self) -> bool:
         return self.penalty_last_n != 0 and (
-            self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+            self.repeat_penalty != 1.0
+            or self.frequency_penalty != 0.0
+            or self.presence_penalty != 0.0
         )
 
 

@@ -94,8 +94,10 @@ def resolve(name: str) -> ModelSpec:
         if looks_like_path:
             raise ModelError(f"model file not found: {name}")
         known = ", ".join(sorted(REGISTRY))
-        raise ModelError(f"unknown model {name!r}: use one of {known}, or a path to a GGUF file "
-                         "or a Hugging Face model directory")
+        raise ModelError(
+            f"unknown model {name!r}: use one of {known}, or a path to a GGUF file "
+            "or a Hugging Face model directory"
+        )
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelError(f"{name} is a directory but not a Hugging Face model (no config.json)")
@@ -115,8 +117,10 @@ def llamacpp_available() -> bool:
 
 
 def hf_available() -> bool:
-    return (importlib.util.find_spec("torch") is not None
-            and importlib.util.find_spec("transformers") is not None)
+    return (
+        importlib.util.find_spec("torch") is not None
+        and importlib.util.find_spec("transformers") is not None
+    )
 
 
 def pick_backend(spec: ModelSpec, backend: str) -> str:
@@ -127,12 +131,18 @@ def pick_backend(spec: ModelSpec, backend: str) -> str:
             return "llamacpp"
         if hf_available():
             return "hf"
-        raise ModelError("no backend installed: pip install 'draftless[llamacpp]' or 'draftless[hf]'")
+        raise ModelError(
+            "no backend installed: pip install 'draftless[llamacpp]' or 'draftless[hf]'"
+        )
     if backend == "llamacpp":
         if not spec.is_gguf:
-            raise ModelError("the llamacpp backend needs a GGUF file; use --backend hf for a directory")
+            raise ModelError(
+                "the llamacpp backend needs a GGUF file; use --backend hf for a directory"
+            )
         if not llamacpp_available():
-            raise ModelError("backend llamacpp needs llama-cpp-python: pip install 'draftless[llamacpp]'")
+            raise ModelError(
+                "backend llamacpp needs llama-cpp-python: pip install 'draftless[llamacpp]'"
+            )
     if backend == "hf" and not hf_available():
         raise ModelError("backend hf needs torch and transformers: pip install 'draftless[hf]'")
     return backend
