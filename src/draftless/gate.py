@@ -106,7 +106,7 @@ class CostTable:
 # Measured with SmolLM2-135M on a 2-core x86 machine: transformers fp32; llama.cpp Q4_1 built
 # for AVX2, where a batch costs nearly k single steps (no batched kernel for Q4_1 there).
 DEFAULT_COST_TABLES: dict[str, CostTable] = {
-    "hf": CostTable((1, 2, 4, 8, 16, 32), (1.0, 1.08, 1.5, 2.0, 2.0, 2.5)),
+    "hf": CostTable((1, 2, 4, 8, 16, 32), (1.0, 1.47, 1.7, 2.0, 2.5, 3.7)),
     "llamacpp": CostTable((1, 2, 4, 8, 16, 32), (1.0, 1.7, 2.85, 5.1, 10.0, 19.7)),
 }
 
