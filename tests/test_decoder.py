@@ -377,3 +377,29 @@ def test_gate_disabled_records_nothing() -> None:
     result = generate(model, PROMPT, 100, source=garbage_source(VOCAB), options=ALWAYS)
     assert (result.stats.gate_off, result.stats.gate_on, result.stats.gate_probes) == (0, 0, 0)
     assert result.stats.plain_steps <= 2  # only the last tokens, where no 2-token draft fits
+
+
+def test_live_timings_turn_off_what_a_wrong_table_calls_free() -> None:
+    """The table says verifies cost one plain step whatever k; the (fake) clock says a
+    forward of k tokens takes k units. Drafts that commit one token each then lose k-fold;
+    only the live rescale, fed by occasional plain steps, can see it."""
+    now = [0.0]
+
+    def run(clock):
+        model = InductionModel(VOCAB, seed=13)
+        model.on_forward = lambda ids: now.__setitem__(0, now[0] + len(ids))
+        dec = SpeculativeDecoder(
+            model,
+            source=garbage_source(VOCAB),
+            clock=clock,
+            cost_table=CostTable((1, 64), (1.0, 1.0)),
+        )
+        dec.append(PROMPT)
+        return dec.generate(200)
+
+    blind = run(None)
+    timed = run(lambda: now[0])
+    assert blind.token_ids == timed.token_ids
+    assert blind.stats.gate_off == 0  # the table alone calls every verify break-even
+    assert timed.stats.gate_off >= 1
+    assert timed.stats.verify_steps < blind.stats.verify_steps / 2

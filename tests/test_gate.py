@@ -191,3 +191,18 @@ def test_steep_costs_draft_short_and_flat_costs_draft_long() -> None:
         for _ in range(4):
             gate.record_verify(k=9, drafted=8, accepted=7, committed=8)
     assert steep.budget(16) < 8 < flat.budget(16)
+
+
+def test_an_always_on_gate_asks_for_plain_timings_to_rescale() -> None:
+    gate = CostGate(TABLE, GateOptions())
+    assert not gate.wants_plain_timing()  # nothing timed yet
+    gate.record_verify(k=9, drafted=8, accepted=8, committed=9, seconds=0.05)
+    assert gate.wants_plain_timing()  # a verify time means nothing without a plain one
+    gate.record_plain(seconds=0.01)
+    assert not gate.wants_plain_timing()
+    for _ in range(31):
+        gate.record_verify(k=9, drafted=8, accepted=8, committed=9, seconds=0.05)
+    assert not gate.wants_plain_timing()
+    gate.record_verify(k=9, drafted=8, accepted=8, committed=9, seconds=0.05)
+    assert gate.wants_plain_timing()
+    assert gate.scale > 1.0  # 0.05 s verifies against 0.01 s plain steps: dearer than C(9)

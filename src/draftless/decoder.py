@@ -213,6 +213,8 @@ class SpeculativeDecoder:
         gate = self._gate_for(name)
         if opts.gate and not gate.allows():
             return [], gate
+        if opts.gate and self.clock is not None and gate.wants_plain_timing():
+            return [], None  # a plain step now and then keeps the live cost rescale honest
         budget = min(room, opts.max_draft, gate.budget(opts.max_draft) if opts.gate else room)
         proposal = source.suggest(budget)[:budget]
         actual = getattr(source, "last_source", None) or name

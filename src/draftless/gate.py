@@ -145,6 +145,7 @@ class GateOptions:
             raise GateOptionsError("gate min_speedup must be > 0 and probe_margin >= 0")
 
 
+CALIBRATE_EVERY = 32  # timed verifies between two plain steps taken to time a plain step
 PRIOR_TOKEN_ACCEPTANCE = 0.8  # per-token acceptance assumed before any evidence
 PRIOR_WEIGHT = 4.0  # draft tokens' worth of evidence the prior counts for
 
@@ -181,6 +182,7 @@ class CostGate:
         self._window: deque[_Verify] = deque(maxlen=self.options.window)
         self._scale = 1.0  # live multiplier on the table
         self._plain_seconds: float | None = None  # EWMA of a plain step's wall time
+        self._timed_verifies = 0  # timed verifies since the last plain timing
         self._wait = self.options.reprobe_after  # disabled steps before the next probe
         self._left = 0  # disabled steps left, or probe verifies left
         self.turned_off = 0
@@ -239,6 +241,14 @@ class CostGate:
         return max(2, min(limit, best_d)) if limit >= 2 else limit
 
     # -- updates -------------------------------------------------------------------------
+    def wants_plain_timing(self) -> bool:
+        """True when the live rescale has no recent plain step to compare verifies with: none
+        yet after a timed verify, or none in the last CALIBRATE_EVERY timed verifies. A gate
+        that is always on would otherwise never learn that its table is wrong."""
+        if self._timed_verifies == 0:
+            return False
+        return self._plain_seconds is None or self._timed_verifies >= CALIBRATE_EVERY
+
     def record_plain(self, seconds: float | None = None) -> None:
         """A plain step taken while the gate allowed speculation (no draft to verify)."""
         self._time_plain(seconds)
@@ -258,6 +268,8 @@ class CostGate:
         self, k: int, drafted: int, accepted: int, committed: int, seconds: float | None = None
     ) -> None:
         """One verify forward of k new tokens that committed `committed` tokens."""
+        if seconds is not None:
+            self._timed_verifies += 1
         if seconds is not None and self._plain_seconds:
             observed = seconds / self._plain_seconds / self.table.cost(k)
             observed = min(self.options.scale_max, max(self.options.scale_min, observed))
@@ -292,6 +304,7 @@ class CostGate:
     def _time_plain(self, seconds: float | None) -> None:
         if seconds is None or seconds <= 0:
             return
+        self._timed_verifies = 0
         if self._plain_seconds is None:
             self._plain_seconds = seconds
         else:
