@@ -115,3 +115,97 @@ def test_empty_prompt(tmp_path: Path) -> None:
     empty = tmp_path / "empty.txt"
     empty.write_text("\n")
     assert_user_error(run("generate", "--prompt-file", str(empty)), "empty")
+
+
+def test_unsupported_non_rewindable_model(tmp_path: Path) -> None:
+    """A recurrent model's state cannot be cut back: refused at load, one line."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.MambaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1)
+    config.save_pretrained(tmp_path / "mamba")
+    proc = run("generate", "--model", str(tmp_path / "mamba"), "--backend", "hf", "-p", "hi")
+    assert_user_error(proc, "mamba")
+
+
+SMOLLM2 = pytest.mark.skipif(
+    not __import__("draftless.models.registry", fromlist=["x"]).llamacpp_available(),
+    reason="needs llama_cpp",
+)
+
+
+@pytest.mark.slow
+@SMOLLM2
+def test_generate_json_reports_text_and_speculation_stats(tmp_path: Path) -> None:
+    import json
+
+    ref = tmp_path / "ref.txt"
+    ref.write_text("The quick brown fox jumps over the lazy dog. " * 4)
+    proc = run(
+        "generate",
+        "--json",
+        "--spec",
+        "--spec-ref",
+        str(ref),
+        "-n",
+        "24",
+        "--prompt",
+        "Copy this: The quick brown fox jumps over the lazy dog. The quick brown fox",
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    for key in ("text", "token_ids", "prompt_tokens", "new_tokens", "seconds", "tokens_per_second"):
+        assert key in out
+    assert out["new_tokens"] == len(out["token_ids"]) <= 24
+    spec = out["spec"]
+    for key in (
+        "steps",
+        "committed",
+        "tokens_per_step",
+        "drafted",
+        "accepted",
+        "acceptance",
+        "gate_off",
+        "gate_on",
+        "sources",
+    ):
+        assert key in spec
+    assert spec["committed"] == out["new_tokens"]
+    assert [s["name"] for s in spec["sources"]] == ["conversation", "reference[0]", "recycling"]
+    assert all(set(s) >= {"accepted", "drafted", "muted"} for s in spec["sources"])
+
+
+@pytest.mark.slow
+@SMOLLM2
+def test_plain_generate_streams_text_and_a_speed_line() -> None:
+    proc = run("generate", "-n", "8", "--prompt", "Once upon a time")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip()
+    assert "tok/s" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+@SMOLLM2
+def test_probe_prints_the_table_without_storing(tmp_path: Path) -> None:
+    env_cache = tmp_path / "cache"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "draftless",
+            "probe",
+            "--reps",
+            "1",
+            "--context",
+            "32",
+            "--no-store",
+        ],
+        text=True,
+        capture_output=True,
+        timeout=300,
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT / "src"), DRAFTLESS_CACHE=str(env_cache)),
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split("\t") for line in proc.stdout.splitlines() if line[:1].isdigit()]
+    assert [int(r[0]) for r in rows] == [1, 2, 4, 8, 16, 32]
+    assert float(rows[0][1]) == 1.0 and all(float(r[1]) >= 1.0 for r in rows)
+    assert not (env_cache / "costs").exists()

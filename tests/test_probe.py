@@ -1,0 +1,64 @@
+"""`draftless probe`: measuring C(k), storing it, and the decoder picking it up."""
+
+from __future__ import annotations
+
+import pytest
+from fakes import InductionModel
+
+from draftless.gate import DEFAULT_COST_TABLES
+from draftless.probe import cost_table_for, measure, store, stored_cost_table
+
+
+class TimedModel(InductionModel):
+    """On a fake clock, a forward of k tokens takes 1 + 0.5 (k - 1) units, and every third
+    one is disturbed (3x slower): best-of-reps must see through it. C(k) = 1 + 0.5 (k - 1)."""
+
+    backend = "llamacpp"
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.now = 0.0
+        self.calls = 0
+
+    def clock(self) -> float:
+        return self.now
+
+    def forward(self, token_ids):
+        self.calls += 1
+        self.now += (1 + 0.5 * (len(token_ids) - 1)) * (3.0 if self.calls % 3 == 0 else 1.0)
+        return super().forward(token_ids)
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTLESS_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def test_measure_recovers_the_cost_curve_and_leaves_the_cache_empty() -> None:
+    model = TimedModel(vocab=3000)
+    result = measure(model, ks=(1, 2, 4, 8), context=16, reps=3, clock=model.clock)
+    assert result.table.ks == (1, 2, 4, 8)
+    assert result.table.costs == (1.0, 1.5, 2.5, 4.5)
+    assert result.plain_seconds == 1.0
+    assert model.n_past == 0
+
+
+def test_stored_table_is_used_by_default_and_defaults_apply_otherwise(cache) -> None:
+    model = TimedModel(vocab=3000)
+    table, origin = cost_table_for(model)
+    assert origin == "default" and table == DEFAULT_COST_TABLES["llamacpp"]
+    result = measure(model, ks=(1, 2, 4), context=8, reps=2, clock=model.clock)
+    path = store(model, result)
+    assert path.is_file() and path.is_relative_to(cache)
+    assert stored_cost_table(model) == result.table
+    table, origin = cost_table_for(model)
+    assert origin == "probe" and table == result.table
+    assert not list(path.parent.glob("*.tmp-*"))  # written atomically
+
+
+def test_a_corrupt_stored_table_falls_back_to_the_default(cache) -> None:
+    model = TimedModel(vocab=3000)
+    path = store(model, measure(model, ks=(1, 2), context=8, reps=1, clock=model.clock))
+    path.write_text("{not json")
+    assert cost_table_for(model) == (DEFAULT_COST_TABLES["llamacpp"], "default")
