@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from fakes import InductionModel
 
 from draftless.gate import DEFAULT_COST_TABLES
 from draftless.probe import cost_table_for, measure, store, stored_cost_table
+from fakes import InductionModel
 
 
 class TimedModel(InductionModel):
