@@ -1,0 +1,266 @@
+"""`draftless bench`: the task suite on a model and backend, side by side with the peers.
+
+    draftless bench --quick                       2 prompts per task, 2 reps, 96 tokens, llamacpp
+    draftless bench                               every prompt, 3 reps, 192 tokens, both backends
+    draftless bench --backend hf --tasks code-edit free-form --reps 5 --out /tmp/b
+
+Writes results.json, results.md and speedups.png to --out and prints the Markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import shlex
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from draftless.bench.report import (
+    BenchResult,
+    all_targets,
+    machine_info,
+    markdown,
+    now,
+    write_outputs,
+)
+from draftless.bench.runner import (
+    BackendResult,
+    Log,
+    Method,
+    Ours,
+    Runner,
+    Settings,
+    method_info,
+)
+from draftless.bench.tasks import Task, TaskError, load_tasks, task_names
+from draftless.models.base import Model, ModelError
+
+BENCH_BACKENDS = ("llamacpp", "hf", "both")
+
+
+@dataclass(frozen=True, slots=True)
+class Preset:
+    reps: int
+    max_new_tokens: int
+    prompts: int | None  # prompts per task; None: all
+    backend: str
+
+
+QUICK = Preset(reps=2, max_new_tokens=96, prompts=2, backend="llamacpp")
+FULL = Preset(reps=3, max_new_tokens=192, prompts=None, backend="both")
+N_CTX = 2048  # prompts stay under ~900 tokens; the llama-cpp-python peers use the same
+
+
+def _usage_error(message: str) -> Exception:
+    from draftless.cli import UsageError
+
+    return UsageError(message)
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "bench",
+        help="speedups vs plain decoding and the prompt-lookup peers on a task suite",
+        description=__doc__.split("\n\n", 1)[0] if __doc__ else None,
+    )
+    p.add_argument("--model", "-m", default="smollm2", help="registry name or path")
+    p.add_argument(
+        "--backend",
+        choices=BENCH_BACKENDS,
+        default=None,
+        help="default: llamacpp with --quick, both otherwise",
+    )
+    p.add_argument(
+        "--tasks",
+        nargs="+",
+        default=None,
+        metavar="TASK",
+        help=f"tasks to run (default all): {', '.join(task_names())}",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="2 prompts per task, 2 reps, 96 new tokens, one backend (< 10 min)",
+    )
+    p.add_argument("--reps", type=int, default=None, help="repetitions per prompt (3; quick 2)")
+    p.add_argument(
+        "--max-new-tokens",
+        "-n",
+        type=int,
+        default=None,
+        help="new tokens per generation at most (192; quick 96)",
+    )
+    p.add_argument(
+        "--prompts", type=int, default=None, help="prompts per task (default all; quick 2)"
+    )
+    p.add_argument("--out", default="bench-out", help="output directory (default bench-out)")
+    p.add_argument("--no-peers", action="store_true", help="skip transformers/llama-cpp-python")
+    p.add_argument("--max-draft", type=int, default=16)
+    p.add_argument(
+        "--probe",
+        action="store_true",
+        help="measure this machine's verify costs first and let the gate use them",
+    )
+    p.add_argument("--device", default=None, help="transformers device (cpu, cuda)")
+    p.set_defaults(func=cmd_bench)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    preset = QUICK if args.quick else FULL
+    reps: int = preset.reps if args.reps is None else args.reps
+    max_new: int = preset.max_new_tokens if args.max_new_tokens is None else args.max_new_tokens
+    prompts: int | None = preset.prompts if args.prompts is None else args.prompts
+    backend: str = args.backend or preset.backend
+    if reps < 1:
+        raise _usage_error(f"--reps must be >= 1, got {reps}")
+    if max_new < 1:
+        raise _usage_error(f"--max-new-tokens must be >= 1, got {max_new}")
+    if prompts is not None and prompts < 1:
+        raise _usage_error(f"--prompts must be >= 1, got {prompts}")
+    if args.max_draft < 1:
+        raise _usage_error(f"--max-draft must be >= 1, got {args.max_draft}")
+    names = _task_list(args.tasks)
+    try:
+        tasks = load_tasks(names)
+    except TaskError as err:
+        raise _usage_error(str(err)) from None
+    backends: tuple[str, ...] = ("llamacpp", "hf") if backend == "both" else (backend,)
+    settings = Settings(
+        quick=args.quick,
+        reps=reps,
+        max_new_tokens=max_new,
+        prompts_per_task=prompts,
+        tasks=tuple(t.name for t in tasks),
+        backends=backends,
+        peers=not args.no_peers,
+    )
+    command = "draftless " + " ".join(shlex.quote(a) for a in _argv())
+    t0 = time.perf_counter()
+    results = []
+    for name in backends:
+        options: dict[str, Any] = {"n_ctx": N_CTX}
+        if args.device and name == "hf":
+            options["device"] = args.device
+        try:
+            load = functools.partial(_load, args.model, name, options)
+            results.append(
+                bench_backend(load, tasks, settings, max_draft=args.max_draft, probe=args.probe)
+            )
+        except ModelError as err:
+            if len(backends) == 1:
+                raise
+            print(f"draftless bench: backend {name} skipped: {err}", file=sys.stderr)
+    if not results:
+        raise _usage_error("no backend could be run")
+    result = build_result(command, settings, results, time.perf_counter() - t0)
+    paths = write_outputs(result, Path(args.out))
+    print(markdown(result))
+    print("wrote " + ", ".join(str(p) for p in paths.values()), file=sys.stderr)
+    ok = all(
+        s.identical is not False
+        for b in results
+        for t in b.tasks
+        for name, s in t.summary.items()
+        if name in ("plain", "draftless")
+    )
+    return 0 if ok else 1
+
+
+def _argv() -> list[str]:
+    argv = sys.argv[1:]
+    return argv if "bench" in argv else ["bench", *argv]
+
+
+def _task_list(raw: Sequence[str] | None) -> list[str] | None:
+    """--tasks a b, or --tasks a,b."""
+    if raw is None:
+        return None
+    names = [n.strip() for item in raw for n in item.split(",") if n.strip()]
+    if not names:
+        raise _usage_error("--tasks needs at least one task name")
+    return names
+
+
+def _load(model: str, backend: str, options: dict[str, Any]) -> Model:
+    from draftless.models.registry import load_model
+
+    return load_model(model, backend=backend, **options)
+
+
+def bench_backend(
+    load: Callable[[], Model],
+    tasks: Sequence[Task],
+    settings: Settings,
+    *,
+    max_draft: int = 16,
+    probe: bool = False,
+    log: Log | None = None,
+    make_source: Callable[[Model], Any] | None = None,
+) -> BackendResult:
+    """Load one model, run every task on it with ours and (if asked) the peers."""
+    from draftless.probe import cost_table_for, measure
+
+    say = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    t0 = time.perf_counter()
+    model = load()
+    load_seconds = time.perf_counter() - t0
+    say(f"[{model.backend}] {model.name} loaded in {load_seconds:.1f} s")
+    try:
+        if probe:
+            table, origin = measure(model).table, "measured"
+        else:
+            table, origin = cost_table_for(model)
+        costs = ", ".join(f"C({k})={c:.2f}" for k, c in zip(table.ks, table.costs, strict=True))
+        say(f"[{model.backend}] verify costs ({origin}): {costs}")
+        methods: list[Method] = [
+            Ours(model, spec=False, cost_table=table, max_draft=max_draft),
+            Ours(model, spec=True, cost_table=table, max_draft=max_draft, make_source=make_source),
+        ]
+        notes: list[str] = []
+        if settings.peers:
+            from draftless.bench.peers import peers_for
+
+            peers, notes = peers_for(model)
+            methods += peers
+            for note in notes:
+                say(f"[{model.backend}] {note}")
+        if any(t.sampled for t in tasks) and settings.peers:
+            notes.append(
+                "sampled task: peers sample with their own samplers (same temperature "
+                "and seed, no top-k/top-p), so their output is not comparable "
+                "token for token (n/a); their speedup is a tokens/s ratio"
+            )
+        runner = Runner(
+            model,
+            methods,
+            reps=settings.reps,
+            max_new_tokens=settings.max_new_tokens,
+            prompts_per_task=settings.prompts_per_task,
+            log=say,
+            warmup_each_prompt=not settings.quick,
+        )
+        results = runner.run(tasks)
+        return BackendResult(
+            backend=model.backend,
+            model=model.name,
+            cost_table={"origin": origin, "ks": list(table.ks), "costs": list(table.costs)},
+            methods=method_info(methods),
+            notes=tuple(notes),
+            load_seconds=load_seconds,
+            tasks=tuple(results),
+            seconds=time.perf_counter() - t0,
+        )
+    finally:
+        model.close()
+
+
+def build_result(
+    command: str, settings: Settings, backends: Sequence[BackendResult], seconds: float
+) -> BenchResult:
+    return BenchResult(
+        command, now(), machine_info(), settings, tuple(backends), all_targets(backends), seconds
+    )

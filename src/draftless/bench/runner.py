@@ -1,0 +1,571 @@
+"""The measurement: every method on every prompt, alternating, medians of several repetitions.
+
+A *method* turns a prompt into tokens and a wall time (prompt in -> tokens out, prefill
+included). Ours are `plain` and `draftless` (the cascade + gate); peers (peers.py) bring
+their own plain baseline. Per prompt:
+
+    warm-up      every method once, a few tokens (full mode; every method runs once on the
+                 first prompt of a backend in any mode, untimed)
+    rep r        every method once, the order rotated by r so drift hits all alike
+    speedup      of method m over its baseline b:  (t_b / n_b) / (t_m / n_m)
+                 t = median seconds over reps, n = tokens generated; with identical output
+                 n_b == n_m and this is t_b / t_m
+    identical    every rep's tokens == our plain run's tokens (greedy: every method; sampled:
+                 draftless only, same seed; a peer's sampler is not ours: n/a)
+
+Per task: the median over prompts of the per-prompt speedups, the throughput ratio over the
+whole task, and acceptance and tokens per step summed over every speculative run.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from draftless.bench.tasks import Task
+from draftless.decoder import SpecOptions, SpeculativeDecoder
+from draftless.gate import CostTable
+from draftless.models.base import Model, ModelError
+from draftless.sampling import SamplingOptions
+
+PLAIN = "plain"
+DRAFTLESS = "draftless"
+WARMUP_TOKENS = 4  # per prompt, before its reps (full mode)
+WARMUP_FIRST_TOKENS = 32  # per backend, on the first prompt: enough to verify a few drafts
+
+
+# -- what a method sees and returns -------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One prompt, tokenized for the backend under test."""
+
+    task: str
+    prompt_id: str
+    ids: tuple[int, ...]  # chat-templated prompt tokens
+    references: tuple[tuple[int, ...], ...]  # documents injected with add_reference
+    temperature: float  # <= 0: greedy
+    seed: int | None  # sampling seed, the same for every method and rep
+    max_new_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepStats:
+    """Forward passes of one or more runs, in the decoder's vocabulary."""
+
+    steps: int = 0  # forwards that committed tokens (a peer's prompt forward included)
+    verify_steps: int = 0  # forwards that checked a draft
+    plain_steps: int = 0
+    committed: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    gate_off: int = 0
+    gate_on: int = 0
+    gate_probes: int = 0
+
+    def __add__(self, other: StepStats) -> StepStats:
+        return StepStats(*(a + b for a, b in zip(_astuple(self), _astuple(other), strict=True)))
+
+    @property
+    def acceptance(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def tokens_per_step(self) -> float | None:
+        return self.committed / self.steps if self.steps else None
+
+    @property
+    def mean_draft(self) -> float | None:
+        return self.drafted / self.verify_steps if self.verify_steps else None
+
+
+def _astuple(s: StepStats) -> tuple[int, ...]:
+    return (
+        s.steps,
+        s.verify_steps,
+        s.plain_steps,
+        s.committed,
+        s.drafted,
+        s.accepted,
+        s.gate_off,
+        s.gate_on,
+        s.gate_probes,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SourceCount:
+    """One cascade member, and the decoder's cost gate for it, over one or more runs."""
+
+    name: str  # "conversation", "reference[0]", "recycling"
+    accepted: int  # as the cascade judges it at the suggest -> observe seam
+    drafted: int
+    times_muted: int  # the cascade's own per-source muting
+    gate_off: int = 0  # the decoder's gate for this member turned it off
+    gate_on: int = 0
+    gate_probes: int = 0
+    gate_scale: float | None = None  # live multiplier on C(k) at the end (median over runs)
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    token_ids: tuple[int, ...]  # generated tokens, a stop token included
+    seconds: float  # wall time, prompt in -> tokens out
+    stats: StepStats | None = None
+    sources: tuple[SourceCount, ...] = ()
+
+
+class Method(Protocol):
+    name: str  # key in results: "plain", "draftless", "hf-pld-10" ...
+    label: str  # for tables: "transformers PLD n=10"
+    baseline: str | None  # the method its speedup is measured against; None for baselines
+    exact: bool  # our sampler: sampled tokens too must equal our plain run's (same seed)
+
+    def run(self, job: Job) -> Run: ...
+
+
+# -- our two methods --------------------------------------------------------------------------
+class Ours:
+    """Plain (source None) or speculative decoding through draftless' own decoder."""
+
+    exact = True
+
+    def __init__(
+        self,
+        model: Model,
+        *,
+        spec: bool,
+        cost_table: CostTable,
+        max_draft: int = 16,
+        make_source: Callable[[Model], Any] | None = None,
+    ) -> None:
+        self.model = model
+        self.spec = spec
+        self.name = DRAFTLESS if spec else PLAIN
+        self.label = "draftless" if spec else "plain (draftless decoder)"
+        self.baseline = PLAIN if spec else None
+        self.cost_table = cost_table
+        self.options = SpecOptions(max_draft=max_draft)
+        self._make_source = make_source or _cascade
+
+    def run(self, job: Job) -> Run:
+        source = None
+        if self.spec:  # building the index is per document, not per token: not timed
+            source = self._make_source(self.model)
+            for ref in job.references:
+                source.add_reference(list(ref))
+        sampling = SamplingOptions(temperature=max(0.0, job.temperature), seed=job.seed)
+        t0 = time.perf_counter()
+        self.model.truncate(0)
+        dec = SpeculativeDecoder(
+            self.model,
+            sampling=sampling,
+            source=source,
+            options=self.options,
+            cost_table=self.cost_table,
+        )
+        dec.append(job.ids)
+        result = dec.generate(job.max_new_tokens)
+        seconds = time.perf_counter() - t0
+        s = result.stats
+        stats = StepStats(
+            s.steps,
+            s.verify_steps,
+            s.plain_steps,
+            s.committed,
+            s.drafted,
+            s.accepted,
+            s.gate_off,
+            s.gate_on,
+            s.gate_probes,
+        )
+        return Run(tuple(result.token_ids), seconds, stats, _members(source, dec))
+
+
+def _members(source: Any, dec: SpeculativeDecoder) -> tuple[SourceCount, ...]:
+    """The cascade's per-source counts joined with the decoder's per-source gates."""
+    gates = dict(getattr(dec, "gates", {}))
+    out = []
+    names = [st.name for st in source.stats()] if hasattr(source, "stats") else []
+    stats = {st.name: st for st in source.stats()} if names else {}
+    for name in names + [n for n in gates if n not in names]:
+        st, g = stats.get(name), gates.get(name)
+        out.append(
+            SourceCount(
+                name,
+                st.accepted if st else 0,
+                st.drafted if st else 0,
+                getattr(st, "times_muted", 0),
+                g.turned_off if g else 0,
+                g.turned_on if g else 0,
+                g.probes if g else 0,
+                g.scale if g else None,
+            )
+        )
+    return tuple(out)
+
+
+def _cascade(model: Model) -> Any:
+    from draftless.sources import SpeculationIndex
+
+    return SpeculationIndex(model.vocab_size)
+
+
+# -- results ------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class MethodResult:
+    """One method on one prompt."""
+
+    method: str
+    seconds: tuple[float, ...]  # one per rep, in rep order
+    median_seconds: float
+    tokens: int  # generated tokens (median over reps)
+    tokens_per_second: float
+    speedup: float | None  # over its baseline; None for a baseline
+    identical: bool | None  # tokens == our plain run's on every rep; None: not comparable
+    first_mismatch: int | None  # first differing position (over reps), None if identical
+    # At first_mismatch: logit of our plain token minus logit of this method's token, in the
+    # row our model gives after the plain prefix. Small (<< 1) means a near-tie that rounding
+    # differences of a batched forward can flip; large means a real divergence.
+    mismatch_gap: float | None
+    stats: StepStats | None  # summed over reps
+    sources: tuple[SourceCount, ...]  # per cascade member, summed over reps
+
+
+@dataclass(frozen=True, slots=True)
+class PromptResult:
+    task: str
+    prompt_id: str
+    prompt_tokens: int
+    new_tokens: int  # of our plain run
+    stop_reason: str  # "stop" (eos) or "length", of our plain run
+    methods: dict[str, MethodResult]
+
+
+@dataclass(frozen=True, slots=True)
+class MethodSummary:
+    """One method on one task."""
+
+    method: str
+    speedup: float | None  # median over prompts of the per-prompt speedup
+    speedup_min: float | None
+    speedup_max: float | None
+    throughput_ratio: float | None  # whole task: (sum n / sum t) over the baseline's
+    tokens_per_second: float  # whole task
+    identical: bool | None  # every prompt identical; None: not comparable
+    mismatches: tuple[str, ...]  # "prompt@position" of every mismatching prompt
+    stats: StepStats | None
+
+
+@dataclass(frozen=True, slots=True)
+class TaskResult:
+    task: str
+    title: str
+    kind: str
+    temperature: float
+    prompts: tuple[PromptResult, ...]
+    summary: dict[str, MethodSummary]
+
+
+@dataclass(frozen=True, slots=True)
+class MethodInfo:
+    name: str
+    label: str
+    baseline: str | None
+    exact: bool
+
+
+@dataclass(frozen=True, slots=True)
+class BackendResult:
+    backend: str
+    model: str
+    cost_table: dict[str, Any]  # {"origin": "probe"|"default"|"measured", "ks", "costs"}
+    methods: tuple[MethodInfo, ...]
+    notes: tuple[str, ...]  # skipped peers and why, and other caveats
+    load_seconds: float
+    tasks: tuple[TaskResult, ...]
+    seconds: float  # wall time of this backend's whole run
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    quick: bool
+    reps: int
+    max_new_tokens: int
+    prompts_per_task: int | None  # None: all
+    tasks: tuple[str, ...]
+    backends: tuple[str, ...]
+    peers: bool
+
+
+# -- the measurement ------------------------------------------------------------------------------
+Log = Callable[[str], None]
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+@dataclass
+class Runner:
+    """Runs `methods` (ours first) over `tasks` on one model."""
+
+    model: Model
+    methods: Sequence[Method]
+    reps: int = 3
+    max_new_tokens: int = 192
+    prompts_per_task: int | None = None
+    warmup: bool = True  # every method once on the first prompt, before any timing
+    warmup_each_prompt: bool = True  # and a few tokens of every method before each prompt
+    log: Log = field(default=_stderr)
+
+    def __post_init__(self) -> None:
+        if self.reps < 1:
+            raise ValueError(f"reps must be >= 1, got {self.reps}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        names = [m.name for m in self.methods]
+        if PLAIN not in names:
+            raise ValueError("the methods must include our plain baseline")
+        for m in self.methods:
+            if m.baseline is not None and m.baseline not in names:
+                raise ValueError(f"method {m.name}: baseline {m.baseline} is not run")
+
+    def jobs(self, task: Task) -> list[Job]:
+        tok = self.model.tokenizer
+        refs = tuple(tuple(tok.encode(r)) for r in task.references)
+        prompts = task.prompts[: self.prompts_per_task] if self.prompts_per_task else task.prompts
+        return [
+            Job(
+                task.name,
+                p.id,
+                tuple(_chat_ids(self.model, p.text) + _encode(self.model, p.answer_prefix)),
+                refs,
+                task.temperature,
+                p.seed,
+                self.max_new_tokens,
+            )
+            for p in prompts
+        ]
+
+    def run(self, tasks: Sequence[Task]) -> list[TaskResult]:
+        jobs = {t.name: self.jobs(t) for t in tasks}
+        first = next((js[0] for js in jobs.values() if js), None)
+        if self.warmup and first is not None:  # JIT compiles, allocator, thread pools
+            short = replace(first, max_new_tokens=min(WARMUP_FIRST_TOKENS, first.max_new_tokens))
+            for m in self.methods:
+                m.run(short)
+        return [self.run_task(t, jobs[t.name]) for t in tasks]
+
+    def run_task(self, task: Task, jobs: Sequence[Job]) -> TaskResult:
+        self.log(f"[{self.model.backend}] {task.name}: {task.title}")
+        prompts = tuple(self.run_prompt(task, job) for job in jobs)
+        summary = {m.name: summarize(m, prompts) for m in self.methods}
+        return TaskResult(task.name, task.title, task.kind, task.temperature, prompts, summary)
+
+    def run_prompt(self, task: Task, job: Job) -> PromptResult:
+        if self.warmup and self.warmup_each_prompt:
+            short = replace(job, max_new_tokens=min(WARMUP_TOKENS, job.max_new_tokens))
+            for m in self.methods:
+                m.run(short)
+        runs: dict[str, list[Run]] = {m.name: [] for m in self.methods}
+        order = list(self.methods)
+        for rep in range(self.reps):
+            k = rep % len(order)
+            for m in order[k:] + order[:k]:
+                runs[m.name].append(m.run(job))
+        reference = runs[PLAIN][0]
+        results: dict[str, MethodResult] = {}
+        for m in self.methods:
+            comparable = m.exact or not task.sampled  # greedy: argmax is argmax anywhere
+            results[m.name] = _method_result(m, runs[m.name], reference, comparable)
+        gaps: dict[tuple[int, int | None], float | None] = {}  # peers often share a mismatch
+        for m in self.methods:
+            r = results[m.name]
+            at = r.first_mismatch
+            if at is not None:
+                other = next(
+                    x.token_ids
+                    for x in runs[m.name]
+                    if first_mismatch(reference.token_ids, x.token_ids) == at
+                )
+                key = (at, other[at] if at < len(other) else None)
+                if key not in gaps:
+                    gaps[key] = logit_gap(self.model, job.ids, reference.token_ids, other, at)
+                results[m.name] = replace(r, mismatch_gap=gaps[key])
+        for m in self.methods:  # speedups need every method's medians first
+            if m.baseline is not None:
+                mine, base = results[m.name], results[m.baseline]
+                results[m.name] = replace(mine, speedup=_ratio(base, mine))
+        plain = results[PLAIN]
+        stop = (
+            "stop"
+            if reference.token_ids and reference.token_ids[-1] in self.model.eos_token_ids
+            else "length"
+        )
+        line = (
+            f"  {task.name}/{job.prompt_id}: {len(job.ids)} prompt tokens, "
+            f"{len(reference.token_ids)} new ({stop}); plain {plain.median_seconds:.2f}s"
+        )
+        for m in self.methods:
+            r = results[m.name]
+            if r.speedup is not None:
+                same = (
+                    ""
+                    if r.identical is not False
+                    else f" DIFFERS@{r.first_mismatch}"
+                    + (f" (gap {r.mismatch_gap:.3g})" if r.mismatch_gap is not None else "")
+                )
+                acc = r.stats.acceptance if r.stats else None
+                line += (
+                    f" | {m.name} {r.speedup:.2f}x"
+                    + (f" acc {acc:.0%}" if acc is not None else "")
+                    + same
+                )
+        self.log(line)
+        return PromptResult(
+            task.name, job.prompt_id, len(job.ids), len(reference.token_ids), stop, results
+        )
+
+
+def _encode(model: Model, text: str) -> list[int]:
+    return model.tokenizer.encode(text) if text else []
+
+
+def _chat_ids(model: Model, text: str) -> list[int]:
+    try:
+        return model.tokenizer.apply_chat_template([{"role": "user", "content": text}])
+    except ModelError:  # a model without a chat template: the raw prompt
+        return model.tokenizer.encode(text, add_special=True)
+
+
+def _method_result(
+    m: Method, runs: Sequence[Run], reference: Run, comparable: bool
+) -> MethodResult:
+    seconds = tuple(r.seconds for r in runs)
+    med = statistics.median(seconds)
+    tokens = int(statistics.median(len(r.token_ids) for r in runs))
+    identical: bool | None = None
+    mismatch: int | None = None
+    if comparable:
+        positions = [first_mismatch(reference.token_ids, r.token_ids) for r in runs]
+        found = [p for p in positions if p is not None]
+        identical = not found
+        mismatch = min(found) if found else None
+    stats = None
+    if any(r.stats is not None for r in runs):
+        stats = sum((r.stats for r in runs if r.stats is not None), StepStats())
+    return MethodResult(
+        m.name,
+        seconds,
+        med,
+        tokens,
+        tokens / med if med > 0 else 0.0,
+        None,
+        identical,
+        mismatch,
+        None,
+        stats,
+        _sum_sources(runs),
+    )
+
+
+def _sum_sources(runs: Sequence[Run]) -> tuple[SourceCount, ...]:
+    """Counts summed per member over runs; the gate scale is the median."""
+    groups: dict[str, list[SourceCount]] = {}
+    for r in runs:
+        for s in r.sources:
+            groups.setdefault(s.name, []).append(s)
+    out = []
+    for name, group in groups.items():
+        scales = [s.gate_scale for s in group if s.gate_scale is not None]
+        out.append(
+            SourceCount(
+                name,
+                sum(s.accepted for s in group),
+                sum(s.drafted for s in group),
+                sum(s.times_muted for s in group),
+                sum(s.gate_off for s in group),
+                sum(s.gate_on for s in group),
+                sum(s.gate_probes for s in group),
+                statistics.median(scales) if scales else None,
+            )
+        )
+    return tuple(out)
+
+
+def first_mismatch(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """The first position where a and b differ (a length difference counts); None if equal.
+
+    first_mismatch([1, 2, 3], [1, 2, 3]) is None; first_mismatch([1, 2, 3], [1, 5]) == 1;
+    first_mismatch([1, 2], [1, 2, 7]) == 2.
+    """
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def logit_gap(
+    model: Model, ids: Sequence[int], plain: Sequence[int], other: Sequence[int], at: int
+) -> float | None:
+    """Logit of plain[at] minus logit of other[at], after the prompt and plain[:at].
+
+    None when either stream has ended by `at` (one stopped, the other went on).
+    """
+    if at >= len(plain) or at >= len(other):
+        return None
+    prefix = [*ids, *plain[:at]]
+    model.truncate(0)
+    if len(prefix) > 1:
+        model.prefill(prefix[:-1])
+    row = model.forward(prefix[-1:])[0]  # [vocab]
+    model.truncate(0)
+    return float(row[plain[at]]) - float(row[other[at]])
+
+
+def _ratio(base: MethodResult, mine: MethodResult) -> float | None:
+    """Speedup (t_b / n_b) / (t_m / n_m): t_b / t_m when both made the same tokens."""
+    if mine.median_seconds <= 0 or base.tokens == 0 or mine.tokens == 0:
+        return None
+    return (base.median_seconds / base.tokens) / (mine.median_seconds / mine.tokens)
+
+
+def summarize(m: Method, prompts: Sequence[PromptResult]) -> MethodSummary:
+    mine = [p.methods[m.name] for p in prompts]
+    speedups = [r.speedup for r in mine if r.speedup is not None]
+    n = sum(r.tokens for r in mine)
+    t = sum(r.median_seconds for r in mine)
+    throughput = None
+    if m.baseline is not None:
+        base = [p.methods[m.baseline] for p in prompts]
+        nb, tb = sum(r.tokens for r in base), sum(r.median_seconds for r in base)
+        if t > 0 and nb > 0 and tb > 0:
+            throughput = (n / t) / (nb / tb)
+    flags = [r.identical for r in mine]
+    identical = None if any(f is None for f in flags) else all(flags)
+    mismatches = tuple(
+        f"{p.prompt_id}@{r.first_mismatch}"
+        + (f" (gap {r.mismatch_gap:.3g})" if r.mismatch_gap is not None else "")
+        for p, r in zip(prompts, mine, strict=True)
+        if r.identical is False
+    )
+    stats = [r.stats for r in mine if r.stats is not None]
+    return MethodSummary(
+        m.name,
+        statistics.median(speedups) if speedups else None,
+        min(speedups) if speedups else None,
+        max(speedups) if speedups else None,
+        throughput,
+        n / t if t > 0 else 0.0,
+        identical,
+        mismatches,
+        sum(stats, StepStats()) if stats else None,
+    )
+
+
+def method_info(methods: Sequence[Method]) -> tuple[MethodInfo, ...]:
+    return tuple(MethodInfo(m.name, m.label, m.baseline, m.exact) for m in methods)

@@ -1,0 +1,183 @@
+"""The bench: task files, the measurement on a numpy model, the outputs, the CLI's errors."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from draftless.bench import report
+from draftless.bench.cli import bench_backend, build_result
+from draftless.bench.peers import peer_stats
+from draftless.bench.runner import DRAFTLESS, PLAIN, Settings, first_mismatch
+from draftless.bench.tasks import MIN_PROMPTS, TASK_ORDER, TaskError, load_task, load_tasks
+from draftless.cli import main
+from fakes import InductionModel
+
+
+# -- tasks ---------------------------------------------------------------------------------------
+def test_every_task_loads_with_enough_prompts() -> None:
+    tasks = load_tasks()
+    assert [t.name for t in tasks] == list(TASK_ORDER)
+    for task in tasks:
+        assert len(task.prompts) >= MIN_PROMPTS, task.name
+        assert task.kind in ("retrieval", "free")
+        for p in task.prompts:
+            assert p.text.strip() and "{{file:" not in p.text, (task.name, p.id)
+            assert (p.seed is not None) == task.sampled
+    kinds = {t.name: t.kind for t in tasks}
+    assert kinds["free-form"] == "free"
+    assert sum(k == "retrieval" for k in kinds.values()) == 5
+
+
+def test_task_contents_match_the_issue() -> None:
+    sampled = load_task("grounded-copy-sampled")
+    copy = load_task("grounded-copy")
+    assert sampled.temperature == 0.7
+    assert [p.text for p in sampled.prompts] == [p.text for p in copy.prompts]
+    assert len({p.seed for p in sampled.prompts}) == len(sampled.prompts)
+
+    rag = load_task("rag-reference")
+    assert len(rag.references) == 1 and len(rag.references[0]) > 500
+    assert all(rag.references[0].strip() in p.text for p in rag.prompts)
+
+    edit = load_task("code-edit")
+    for p in edit.prompts:
+        lines = p.text.split("```python\n", 1)[1].split("```", 1)[0].splitlines()
+        assert 90 <= len(lines) <= 110, p.id  # a ~100-line source file, whole
+
+
+def test_malformed_tasks_are_named(tmp_path: Path) -> None:
+    (tmp_path / "few").mkdir()
+    (tmp_path / "few" / "task.json").write_text(
+        json.dumps(
+            {
+                "title": "Few",
+                "kind": "free",
+                "temperature": 0.0,
+                "prompts": [{"id": "a", "text": "x"}, {"id": "b", "text": "y"}],
+            }
+        )
+    )
+    with pytest.raises(TaskError, match="at least 3"):
+        load_task("few", tmp_path)
+    (tmp_path / "missing").mkdir()
+    (tmp_path / "missing" / "task.json").write_text(
+        json.dumps(
+            {
+                "title": "M",
+                "kind": "free",
+                "temperature": 0.0,
+                "prompts": [{"id": str(i), "text": "{{file:nope.txt}}"} for i in range(3)],
+            }
+        )
+    )
+    with pytest.raises(TaskError, match=r"nope\.txt"):
+        load_task("missing", tmp_path)
+    with pytest.raises(TaskError, match="unknown task 'zzz'"):
+        load_tasks(["zzz"], tmp_path)
+
+
+# -- small exact pieces --------------------------------------------------------------------------
+def test_first_mismatch() -> None:
+    assert first_mismatch([1, 2, 3], [1, 2, 3]) is None
+    assert first_mismatch([1, 2, 3], [1, 5]) == 1
+    assert first_mismatch([1, 2], [1, 2, 7]) == 2
+    assert first_mismatch([], []) is None
+
+
+def test_peer_stats_counts_forwards() -> None:
+    # prompt of 5: the prompt forward commits 1; a forward of 3 verifies a 2-token draft and
+    # commits 2 (1 accepted + correction); a plain forward commits 1.
+    s = peer_stats([5, 3, 1], prompt_len=5, committed=4)
+    assert (s.steps, s.verify_steps, s.plain_steps) == (3, 1, 2)
+    assert (s.drafted, s.accepted, s.committed) == (2, 1, 4)
+    # transformers drafts in the prompt forward already: 5 prompt + 4 drafted, all accepted
+    s = peer_stats([9], prompt_len=5, committed=5)
+    assert (s.drafted, s.accepted, s.verify_steps) == (4, 4, 1)
+
+
+# -- the measurement on a numpy model, end to end --------------------------------------------------
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("DRAFTLESS_CACHE", str(tmp_path / "cache"))  # no stored cost tables
+    return tmp_path
+
+
+def test_quick_run_on_fake_model_is_identical_and_writes_reports(cache: Path) -> None:
+    tasks = load_tasks()
+    settings = Settings(
+        quick=True,
+        reps=2,
+        max_new_tokens=24,
+        prompts_per_task=2,
+        tasks=tuple(t.name for t in tasks),
+        backends=("fake",),
+        peers=True,
+    )
+    lines: list[str] = []
+    backend = bench_backend(
+        lambda: InductionModel(vocab=50, seed=0), tasks, settings, log=lines.append
+    )
+    assert backend.backend == "fake" and backend.cost_table["origin"] == "default"
+    assert any("no peers" in n for n in backend.notes)
+    assert [t.task for t in backend.tasks] == list(TASK_ORDER)
+    for task in backend.tasks:
+        assert len(task.prompts) == 2
+        for pr in task.prompts:
+            assert pr.new_tokens == 24 and pr.stop_reason == "length"
+            assert pr.methods[PLAIN].identical is True
+            spec = pr.methods[DRAFTLESS]
+            assert spec.identical is True, (task.task, pr.prompt_id, spec.first_mismatch)
+            assert spec.speedup is not None and spec.speedup > 0
+            assert len(spec.seconds) == 2
+        assert task.summary[DRAFTLESS].identical is True
+    drafted = sum(t.summary[DRAFTLESS].stats.drafted for t in backend.tasks)  # type: ignore[union-attr]
+    assert drafted > 0  # the cascade did speculate somewhere
+
+    result = build_result("draftless bench --quick", settings, [backend], 1.0)
+    out = cache / "out"
+    paths = report.write_outputs(result, out)
+    data = json.loads(paths["json"].read_text())
+    assert data["settings"]["quick"] is True
+    assert data["machine"]["cores"] >= 1
+    assert data["backends"][0]["tasks"][0]["summary"][DRAFTLESS]["identical"] is True
+    md = paths["markdown"].read_text()
+    assert "| Grounded copy |" in md and "## Targets" in md and "`draftless bench --quick`" in md
+    assert paths["chart"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(os.listdir(out)) == ["results.json", "results.md", "speedups.png"]
+    free = [t for t in result.targets if t.task == "free-form"]
+    assert len(free) == 1 and free[0].needed == report.FREE_FORM_FLOOR
+
+
+def test_outputs_are_replaced_atomically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "results.md"
+    report.write_atomic(path, b"old")
+
+    def fail(src: object, dst: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(report.os, "replace", fail)
+    with pytest.raises(OSError):
+        report.write_atomic(path, b"new")
+    assert path.read_bytes() == b"old"
+    assert os.listdir(tmp_path) == ["results.md"]  # no temporary file left behind
+
+
+# -- the command line ------------------------------------------------------------------------------
+def test_bad_task_name_is_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--tasks", "grounded-copy", "no-such-task"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("draftless: error: unknown task 'no-such-task': use one of ")
+
+
+@pytest.mark.parametrize("flag", [["--reps", "0"], ["--max-new-tokens", "0"], ["--prompts", "0"]])
+def test_bad_numbers_are_one_line_errors(
+    flag: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", *flag]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("draftless: error: --")
