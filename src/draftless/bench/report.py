@@ -414,7 +414,7 @@ def chart_png(result: BenchResult) -> bytes:
         ax.axhline(1.0, color="black", linewidth=1, linestyle="--")
         ax.set_xticks(list(xs))
         ax.set_xticklabels([t.title for t in b.tasks], fontsize=8)
-        ax.set_ylabel("speedup over plain (x)")
+        ax.set_ylabel("speedup over its own plain (x)")
         ax.set_title(f"{b.model} on {b.backend}")
         ax.legend(fontsize=8, loc="upper right")
     mode = "quick" if result.settings.quick else "full"
