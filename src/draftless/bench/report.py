@@ -13,7 +13,6 @@ import io
 import json
 import os
 import platform
-import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from draftless.bench.runner import (
     Settings,
     SourceCount,
     TaskResult,
+    merge_source_counts,
 )
 from draftless.gate import CostTable
 
@@ -190,27 +190,8 @@ def _diagnosis(task: TaskResult, table: CostTable | None) -> str:
 
 def task_members(task: TaskResult) -> list[SourceCount]:
     """draftless' per-source counts over every prompt and rep of a task (scale: median)."""
-    groups: dict[str, list[SourceCount]] = {}
-    for p in task.prompts:
-        r = p.methods.get(DRAFTLESS)
-        for m in r.sources if r else ():
-            groups.setdefault(m.name, []).append(m)
-    out = []
-    for name, g in groups.items():
-        scales = [m.gate_scale for m in g if m.gate_scale is not None]
-        out.append(
-            SourceCount(
-                name,
-                sum(m.accepted for m in g),
-                sum(m.drafted for m in g),
-                sum(m.times_muted for m in g),
-                sum(m.gate_off for m in g),
-                sum(m.gate_on for m in g),
-                sum(m.gate_probes for m in g),
-                statistics.median(scales) if scales else None,
-            )
-        )
-    return out
+    runs = (p.methods.get(DRAFTLESS) for p in task.prompts)
+    return list(merge_source_counts(m for r in runs if r for m in r.sources))
 
 
 # -- Markdown ------------------------------------------------------------------------------------

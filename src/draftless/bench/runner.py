@@ -22,7 +22,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -475,10 +475,14 @@ def _method_result(
 
 def _sum_sources(runs: Sequence[Run]) -> tuple[SourceCount, ...]:
     """Counts summed per member over runs; the gate scale is the median."""
+    return merge_source_counts(s for r in runs for s in r.sources)
+
+
+def merge_source_counts(counts: Iterable[SourceCount]) -> tuple[SourceCount, ...]:
+    """Counts summed per member name (first-seen order); the gate scale is the median."""
     groups: dict[str, list[SourceCount]] = {}
-    for r in runs:
-        for s in r.sources:
-            groups.setdefault(s.name, []).append(s)
+    for s in counts:
+        groups.setdefault(s.name, []).append(s)
     out = []
     for name, group in groups.items():
         scales = [s.gate_scale for s in group if s.gate_scale is not None]
