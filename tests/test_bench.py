@@ -132,6 +132,9 @@ def test_quick_run_on_fake_model_is_identical_and_writes_reports(cache: Path) ->
             spec = pr.methods[DRAFTLESS]
             assert spec.identical is True, (task.task, pr.prompt_id, spec.first_mismatch)
             assert spec.speedup is not None and spec.speedup > 0
+            assert spec.speedup_e2e is not None and spec.speedup_e2e > 0
+            assert 0 < spec.median_decode_seconds < spec.median_seconds
+            assert spec.decode_tokens < spec.tokens == 24
             assert len(spec.seconds) == 2
         assert task.summary[DRAFTLESS].identical is True
     drafted = sum(t.summary[DRAFTLESS].stats.drafted for t in backend.tasks)  # type: ignore[union-attr]
@@ -181,3 +184,31 @@ def test_bad_numbers_are_one_line_errors(
     assert main(["bench", *flag]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("draftless: error: --")
+
+
+# -- a peer's first-forward accounting, on a tiny transformers model -------------------------------
+@pytest.mark.hf
+def test_transformers_peers_split_prefill_from_decode() -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from draftless.bench.peers import TransformersGenerate
+    from draftless.bench.runner import Job
+    from draftless.decoder import generate
+    from draftless.models.hf import HFModel
+    from test_hf import byte_tokenizer, tiny_model
+
+    model = HFModel.from_model(tiny_model("llama", seed=3), byte_tokenizer(), name="llama")
+    ids = tuple((list(range(40, 48)) * 3)[:22])
+    job = Job("t", "p", ids, (), 0.0, None, 30)
+    plain = generate(model, list(ids), 30, stop_ids=sorted(model.eos_token_ids)).token_ids
+    for n in (None, 3, 10):
+        run = TransformersGenerate(model, n).run(job)
+        assert list(run.token_ids) == plain, n  # float64: the peers see our rows
+        assert 0 < run.first_seconds <= run.seconds
+        assert run.first_tokens + run.decode_tokens == len(run.token_ids)
+        assert run.stats is not None and run.stats.committed == len(plain)
+        if n is None:  # plain generate: the prompt forward makes exactly one token
+            assert run.first_tokens == 1 and run.stats.drafted == 0
+        else:  # the prompt forward verifies at most a first draft of n
+            assert 1 <= run.first_tokens <= n + 1
+            assert run.stats.drafted > 0  # the repetitive prompt gives prompt lookup matches

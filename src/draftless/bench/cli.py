@@ -1,6 +1,6 @@
 """`draftless bench`: the task suite on a model and backend, side by side with the peers.
 
-    draftless bench --quick                       2 prompts per task, 2 reps, 96 tokens, llamacpp
+    draftless bench --quick                       2 prompts per task, 1 rep, 96 tokens, llamacpp
     draftless bench                               every prompt, 3 reps, 192 tokens, both backends
     draftless bench --backend hf --tasks code-edit free-form --reps 5 --out /tmp/b
 
@@ -50,7 +50,9 @@ class Preset:
     backend: str
 
 
-QUICK = Preset(reps=2, max_new_tokens=96, prompts=2, backend="llamacpp")
+# Quick: one rep, because prefill dominates a run on a slow CPU (an ~800-token code-edit prompt
+# takes ~9 s to prefill on one llama.cpp thread) and two would not fit in 10 minutes.
+QUICK = Preset(reps=1, max_new_tokens=96, prompts=2, backend="llamacpp")
 FULL = Preset(reps=3, max_new_tokens=192, prompts=None, backend="both")
 N_CTX = 2048  # prompts stay under ~900 tokens; the llama-cpp-python peers use the same
 
@@ -84,9 +86,9 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="2 prompts per task, 2 reps, 96 new tokens, one backend (< 10 min)",
+        help="2 prompts per task, 1 rep, 96 new tokens, one backend (< 10 min)",
     )
-    p.add_argument("--reps", type=int, default=None, help="repetitions per prompt (3; quick 2)")
+    p.add_argument("--reps", type=int, default=None, help="repetitions per prompt (3; quick 1)")
     p.add_argument(
         "--max-new-tokens",
         "-n",

@@ -107,16 +107,26 @@ class TransformersGenerate:
             use_cache=True,
         )
         ids = torch.tensor([list(job.ids)], dtype=torch.long)  # [1, L]
-        calls: list[int] = []
+        calls: list[int] = []  # forward widths
+        cached: list[int] = []  # tokens in the cache when each forward starts
+        first_end: list[float] = []  # when the first forward returned
 
-        def count(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        def before(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             x = kwargs.get("input_ids", args[0] if args else None)
             if x is not None:
                 calls.append(int(x.shape[-1]))
+                cached.append(_cache_length(kwargs))
+
+        def after(*_: Any) -> None:
+            if not first_end:
+                first_end.append(time.perf_counter())
 
         if sampled:
             torch.manual_seed(job.seed or 0)
-        hook = self.module.register_forward_pre_hook(count, with_kwargs=True)
+        hooks = [
+            self.module.register_forward_pre_hook(before, with_kwargs=True),
+            self.module.register_forward_hook(after),
+        ]
         try:
             t0 = time.perf_counter()
             with torch.inference_mode():
@@ -125,9 +135,28 @@ class TransformersGenerate:
                 )
             seconds = time.perf_counter() - t0
         finally:
-            hook.remove()
+            for hook in hooks:
+                hook.remove()
         tokens = _truncate_at_stop(out[0, ids.shape[1] :].tolist(), self.stops, job.max_new_tokens)
-        return Run(tuple(tokens), seconds, peer_stats(calls, len(job.ids), len(tokens)))
+        # The second forward starts on a cache of the prompt and the first forward's tokens
+        # but the last one (which it carries); without a second forward, all came from the first.
+        first = cached[1] - len(job.ids) + 1 if len(cached) > 1 and cached[1] > 0 else len(tokens)
+        first = max(1, min(first, len(tokens)))
+        first_seconds = (first_end[0] - t0) if first_end else seconds
+        stats = peer_stats(calls, len(job.ids), len(tokens))
+        return Run(tuple(tokens), seconds, first_seconds, first, stats)
+
+
+def _cache_length(kwargs: dict[str, Any]) -> int:
+    """Tokens already in the KV cache when a transformers forward starts (0 if unknown)."""
+    position = kwargs.get("cache_position")
+    if position is not None and position.numel():
+        return int(position.reshape(-1)[0])
+    cache = kwargs.get("past_key_values")
+    try:
+        return int(cache.get_seq_length()) if cache is not None else 0
+    except (AttributeError, TypeError):
+        return 0
 
 
 # -- llama-cpp-python ---------------------------------------------------------------------------
@@ -166,6 +195,7 @@ class LlamaCppPython:
         llm.reset()  # no prompt-prefix reuse from the previous run: prefill is timed too
         llm.eval = counted
         tokens: list[int] = []
+        first_seconds, first = 0.0, 0  # until the prompt forward's token; its token count
         try:
             t0 = time.perf_counter()
             if job.max_new_tokens > 0:
@@ -180,12 +210,15 @@ class LlamaCppPython:
                     reset=True,
                 ):
                     tokens.append(int(token))
+                    if len(calls) == 1:  # still tokens of the prompt forward
+                        first_seconds, first = time.perf_counter() - t0, len(tokens)
                     if token in self.stops or len(tokens) >= job.max_new_tokens:
                         break
             seconds = time.perf_counter() - t0
         finally:
             del llm.eval  # back to the class method
-        return Run(tuple(tokens), seconds, peer_stats(calls, len(job.ids), len(tokens)))
+        stats = peer_stats(calls, len(job.ids), len(tokens))
+        return Run(tuple(tokens), seconds, first_seconds, first, stats)
 
 
 def llama_cpp_python_peers(
@@ -197,7 +230,7 @@ def llama_cpp_python_peers(
     last row only, as users run it), and one with `logits_all=True`, which
     LlamaPromptLookupDecoding needs (its verify reads every row's logits; without it the
     logits buffer holds n_batch rows and verifies past position n_batch fail). The draft model
-    is swapped per run. Same thread count and batch size as our backend, and flash attention
+    is swapped per run. Same thread counts and batch size as our backend, and flash attention
     on: our context takes llama.cpp's default (auto), which enables it on the CPU, while
     `Llama()` would turn it off.
     """
@@ -207,12 +240,12 @@ def llama_cpp_python_peers(
     path = getattr(model, "path", None)
     if path is None:
         raise TypeError(f"{model!r} has no GGUF path")
-    threads = os.cpu_count() or 1
+    threads, threads_batch = _threads_of(model)
     common: dict[str, Any] = dict(
         model_path=str(path),
         n_ctx=n_ctx,
         n_threads=threads,
-        n_threads_batch=threads,
+        n_threads_batch=threads_batch,
         n_batch=512,
         verbose=False,
         flash_attn=True,
@@ -223,6 +256,17 @@ def llama_cpp_python_peers(
     methods: list[Method] = [LlamaCppPython(plain, stops, None)]
     methods += [LlamaCppPython(spec, stops, n) for n in sizes]
     return methods
+
+
+def _threads_of(model: Model) -> tuple[int, int]:
+    """The (decode, batch) thread counts of our llama.cpp context, for the peers to match."""
+    from llama_cpp import llama_cpp as lib
+
+    ctx = getattr(model, "_ctx", None)
+    if ctx:
+        return int(lib.llama_n_threads(ctx)), int(lib.llama_n_threads_batch(ctx))
+    n = int(getattr(model, "n_threads", 0) or os.cpu_count() or 1)
+    return n, n
 
 
 def transformers_peers(model: Model, sizes: Sequence[int] = HF_PLD) -> list[Method]:

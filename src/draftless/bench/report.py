@@ -225,11 +225,15 @@ def markdown(result: BenchResult) -> str:
         f"{st.max_new_tokens} new tokens at most, greedy unless noted)\n\n"
     )
     w(
-        "Speedup = the method's tokens/s over its own baseline's, median seconds over reps on "
-        "the same prompt (with identical output: plain seconds / method seconds), then the "
-        "median over the task's prompts. draftless is measured against plain decoding in "
-        "draftless' decoder; each peer against its own library's plain generate. *Identical* = "
-        "every rep's tokens equal our plain run's.\n\n"
+        "Speedup = decode speedup, as in the design record: the method's decode tokens/s over "
+        "its own baseline's, where decode is everything after the first forward that follows "
+        "the prompt (prefill and time to first token excluded: they are the same work with or "
+        "without speculation). Median seconds over reps on the same prompt (with identical "
+        "output: plain decode seconds / method decode seconds), then the median over the "
+        "task's prompts. *End-to-end* is the same ratio on the whole wall time, prefill "
+        "included. draftless is measured against plain decoding in draftless' decoder; each "
+        "peer against its own library's plain generate. *Identical* = every rep's tokens equal "
+        "our plain run's.\n\n"
     )
     for backend in result.backends:
         _backend_md(w, backend)
@@ -265,14 +269,15 @@ def _backend_md(w: Any, b: BackendResult) -> None:
     head = [
         "Task",
         "Prompts",
-        "Plain tok/s",
+        "Plain decode tok/s",
         "draftless",
+        "End-to-end",
         "Acceptance",
         "Tok/step",
         "Identical",
         "Gate off/on/probes",
     ]
-    head += [f"{labels[p.name]} tok/s" for p in bases] + [labels[p.name] for p in peers]
+    head += [f"{labels[p.name]} decode tok/s" for p in bases] + [labels[p.name] for p in peers]
     w("| " + " | ".join(head) + " |\n")
     w("|" + "---|" * len(head) + "\n")
     for task in b.tasks:
@@ -285,6 +290,7 @@ def _backend_md(w: Any, b: BackendResult) -> None:
             str(len(task.prompts)),
             f"{plain.tokens_per_second:.1f}",
             f"**{_x(ours.speedup)}**" if ours else "–",
+            _x(ours.speedup_e2e) if ours else "–",
             _pct(s.acceptance if s else None),
             "–" if s is None or s.tokens_per_step is None else f"{s.tokens_per_step:.2f}",
             _same_summary(ours) if ours else "–",
@@ -298,7 +304,8 @@ def _backend_md(w: Any, b: BackendResult) -> None:
         w(
             "Peer cells: speedup over the peer library's own plain generate (acceptance, "
             "identical to our plain output; n/a when sampled by the peer's own sampler). "
-            "Tok/s columns are absolute throughputs of the plain baselines, prefill included."
+            "Decode tok/s columns are absolute throughputs of the plain baselines. Per prompt "
+            "below: seconds are whole wall times (decode seconds in brackets)."
             "\n\n"
         )
     w("<details><summary>Per prompt</summary>\n\n")
@@ -313,7 +320,10 @@ def _backend_md(w: Any, b: BackendResult) -> None:
     w("|" + "---|" * (5 + len(names) + 1 + len(peers)) + "\n")
     for task in b.tasks:
         for pr in task.prompts:
-            secs = [f"{pr.methods[n].median_seconds:.2f}" for n in names]
+            secs = [
+                f"{pr.methods[n].median_seconds:.2f} ({pr.methods[n].median_decode_seconds:.2f})"
+                for n in names
+            ]
             ours_r = pr.methods.get(DRAFTLESS)
             cells = [_prompt_cell(ours_r)] + [_prompt_cell(pr.methods[p.name]) for p in peers]
             w(

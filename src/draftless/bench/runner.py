@@ -1,20 +1,24 @@
 """The measurement: every method on every prompt, alternating, medians of several repetitions.
 
-A *method* turns a prompt into tokens and a wall time (prompt in -> tokens out, prefill
-included). Ours are `plain` and `draftless` (the cascade + gate); peers (peers.py) bring
+A *method* turns a prompt into tokens and two times: the wall time from prompt in to last
+token out, and the time until the first forward after the prompt returned its tokens (prefill
+plus first step). Ours are `plain` and `draftless` (the cascade + gate); peers (peers.py) bring
 their own plain baseline. Per prompt:
 
     warm-up      every method once, a few tokens (full mode; every method runs once on the
                  first prompt of a backend in any mode, untimed)
     rep r        every method once, the order rotated by r so drift hits all alike
-    speedup      of method m over its baseline b:  (t_b / n_b) / (t_m / n_m)
-                 t = median seconds over reps, n = tokens generated; with identical output
-                 n_b == n_m and this is t_b / t_m
+    speedup      decode speedup of method m over its baseline b, as in the design record
+                 (decode tok/s): the tokens after the first forward over the time after it,
+                 (d_b / k_b) / (d_m / k_m), d = median decode seconds over reps, k = decode
+                 tokens; with identical output it is d_b / d_m. Prefill is the same work with
+                 or without speculation, and on a slow CPU it would swamp the decode time.
+    speedup_e2e  the same with the whole wall time, prefill included
     identical    every rep's tokens == our plain run's tokens (greedy: every method; sampled:
                  draftless only, same seed; a peer's sampler is not ours: n/a)
 
-Per task: the median over prompts of the per-prompt speedups, the throughput ratio over the
-whole task, and acceptance and tokens per step summed over every speculative run.
+Per task: the median over prompts of the per-prompt speedups, the decode throughput ratio over
+the whole task, and acceptance and tokens per step summed over every speculative run.
 """
 
 from __future__ import annotations
@@ -113,9 +117,19 @@ class SourceCount:
 @dataclass(frozen=True, slots=True)
 class Run:
     token_ids: tuple[int, ...]  # generated tokens, a stop token included
-    seconds: float  # wall time, prompt in -> tokens out
+    seconds: float  # wall time, prompt in -> last token out
+    first_seconds: float  # wall time until the first forward after the prompt returned
+    first_tokens: int  # tokens that first forward committed (> 1 if it verified a draft)
     stats: StepStats | None = None
     sources: tuple[SourceCount, ...] = ()
+
+    @property
+    def decode_seconds(self) -> float:
+        return self.seconds - self.first_seconds
+
+    @property
+    def decode_tokens(self) -> int:
+        return len(self.token_ids) - self.first_tokens
 
 
 class Method(Protocol):
@@ -168,9 +182,14 @@ class Ours:
             cost_table=self.cost_table,
         )
         dec.append(job.ids)
-        result = dec.generate(job.max_new_tokens)
+        tokens: list[int] = []
+        first_seconds, first_tokens = 0.0, 0
+        for chunk in dec.stream(job.max_new_tokens):
+            if not tokens:
+                first_seconds, first_tokens = time.perf_counter() - t0, len(chunk)
+            tokens.extend(chunk)
         seconds = time.perf_counter() - t0
-        s = result.stats
+        s = dec.stats
         stats = StepStats(
             s.steps,
             s.verify_steps,
@@ -182,7 +201,8 @@ class Ours:
             s.gate_on,
             s.gate_probes,
         )
-        return Run(tuple(result.token_ids), seconds, stats, _members(source, dec))
+        members = _members(source, dec)
+        return Run(tuple(tokens), seconds, first_seconds, first_tokens, stats, members)
 
 
 def _members(source: Any, dec: SpeculativeDecoder) -> tuple[SourceCount, ...]:
@@ -220,11 +240,15 @@ class MethodResult:
     """One method on one prompt."""
 
     method: str
-    seconds: tuple[float, ...]  # one per rep, in rep order
+    seconds: tuple[float, ...]  # wall time, one per rep, in rep order
     median_seconds: float
+    decode_seconds: tuple[float, ...]  # after the first forward, one per rep
+    median_decode_seconds: float
     tokens: int  # generated tokens (median over reps)
-    tokens_per_second: float
-    speedup: float | None  # over its baseline; None for a baseline
+    decode_tokens: int  # tokens after the first forward (median over reps)
+    tokens_per_second: float  # decode tok/s
+    speedup: float | None  # decode speedup over its baseline; None for a baseline
+    speedup_e2e: float | None  # wall-time speedup, prefill included
     identical: bool | None  # tokens == our plain run's on every rep; None: not comparable
     first_mismatch: int | None  # first differing position (over reps), None if identical
     # At first_mismatch: logit of our plain token minus logit of this method's token, in the
@@ -250,11 +274,12 @@ class MethodSummary:
     """One method on one task."""
 
     method: str
-    speedup: float | None  # median over prompts of the per-prompt speedup
+    speedup: float | None  # median over prompts of the per-prompt decode speedup
     speedup_min: float | None
     speedup_max: float | None
-    throughput_ratio: float | None  # whole task: (sum n / sum t) over the baseline's
-    tokens_per_second: float  # whole task
+    speedup_e2e: float | None  # median over prompts of the wall-time speedup
+    throughput_ratio: float | None  # whole task: decode (sum k / sum d) over the baseline's
+    tokens_per_second: float  # whole task, decode tok/s
     identical: bool | None  # every prompt identical; None: not comparable
     mismatches: tuple[str, ...]  # "prompt@position" of every mismatching prompt
     stats: StepStats | None
@@ -399,7 +424,18 @@ class Runner:
         for m in self.methods:  # speedups need every method's medians first
             if m.baseline is not None:
                 mine, base = results[m.name], results[m.baseline]
-                results[m.name] = replace(mine, speedup=_ratio(base, mine))
+                results[m.name] = replace(
+                    mine,
+                    speedup=_ratio(
+                        base.median_decode_seconds,
+                        base.decode_tokens,
+                        mine.median_decode_seconds,
+                        mine.decode_tokens,
+                    ),
+                    speedup_e2e=_ratio(
+                        base.median_seconds, base.tokens, mine.median_seconds, mine.tokens
+                    ),
+                )
         plain = results[PLAIN]
         stop = (
             "stop"
@@ -408,7 +444,8 @@ class Runner:
         )
         line = (
             f"  {task.name}/{job.prompt_id}: {len(job.ids)} prompt tokens, "
-            f"{len(reference.token_ids)} new ({stop}); plain {plain.median_seconds:.2f}s"
+            f"{len(reference.token_ids)} new ({stop}); plain {plain.median_seconds:.2f}s "
+            f"(decode {plain.median_decode_seconds:.2f}s)"
         )
         for m in self.methods:
             r = results[m.name]
@@ -447,7 +484,10 @@ def _method_result(
 ) -> MethodResult:
     seconds = tuple(r.seconds for r in runs)
     med = statistics.median(seconds)
+    decode = tuple(r.decode_seconds for r in runs)
+    med_decode = statistics.median(decode)
     tokens = int(statistics.median(len(r.token_ids) for r in runs))
+    decode_tokens = int(statistics.median(r.decode_tokens for r in runs))
     identical: bool | None = None
     mismatch: int | None = None
     if comparable:
@@ -462,8 +502,12 @@ def _method_result(
         m.name,
         seconds,
         med,
+        decode,
+        med_decode,
         tokens,
-        tokens / med if med > 0 else 0.0,
+        decode_tokens,
+        decode_tokens / med_decode if med_decode > 0 else 0.0,
+        None,
         None,
         identical,
         mismatch,
@@ -531,24 +575,25 @@ def logit_gap(
     return float(row[plain[at]]) - float(row[other[at]])
 
 
-def _ratio(base: MethodResult, mine: MethodResult) -> float | None:
+def _ratio(t_base: float, n_base: int, t_mine: float, n_mine: int) -> float | None:
     """Speedup (t_b / n_b) / (t_m / n_m): t_b / t_m when both made the same tokens."""
-    if mine.median_seconds <= 0 or base.tokens == 0 or mine.tokens == 0:
+    if t_base <= 0 or t_mine <= 0 or n_base <= 0 or n_mine <= 0:
         return None
-    return (base.median_seconds / base.tokens) / (mine.median_seconds / mine.tokens)
+    return (t_base / n_base) / (t_mine / n_mine)
 
 
 def summarize(m: Method, prompts: Sequence[PromptResult]) -> MethodSummary:
     mine = [p.methods[m.name] for p in prompts]
     speedups = [r.speedup for r in mine if r.speedup is not None]
-    n = sum(r.tokens for r in mine)
-    t = sum(r.median_seconds for r in mine)
+    e2e = [r.speedup_e2e for r in mine if r.speedup_e2e is not None]
+    k = sum(r.decode_tokens for r in mine)
+    d = sum(r.median_decode_seconds for r in mine)
     throughput = None
     if m.baseline is not None:
         base = [p.methods[m.baseline] for p in prompts]
-        nb, tb = sum(r.tokens for r in base), sum(r.median_seconds for r in base)
-        if t > 0 and nb > 0 and tb > 0:
-            throughput = (n / t) / (nb / tb)
+        kb = sum(r.decode_tokens for r in base)
+        db = sum(r.median_decode_seconds for r in base)
+        throughput = _ratio(db, kb, d, k)
     flags = [r.identical for r in mine]
     identical = None if any(f is None for f in flags) else all(flags)
     mismatches = tuple(
@@ -563,8 +608,9 @@ def summarize(m: Method, prompts: Sequence[PromptResult]) -> MethodSummary:
         statistics.median(speedups) if speedups else None,
         min(speedups) if speedups else None,
         max(speedups) if speedups else None,
+        statistics.median(e2e) if e2e else None,
         throughput,
-        n / t if t > 0 else 0.0,
+        k / d if d > 0 else 0.0,
         identical,
         mismatches,
         sum(stats, StepStats()) if stats else None,
