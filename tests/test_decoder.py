@@ -167,28 +167,40 @@ def test_penalties_see_the_hypothetical_prefix() -> None:
     assert changed > 0
 
 
-def test_gating_is_orthogonal_to_the_stream() -> None:
-    """An expensive cost table and a garbage source trip the gate; it backs off and re-probes;
-    the stream is still the plain one."""
+@pytest.mark.parametrize("shadow", [True, False], ids=["shadow", "blind"])
+def test_gating_is_orthogonal_to_the_stream(shadow: bool) -> None:
+    """An expensive cost table and a garbage source trip the gate; it backs off and re-probes
+    (blind) or checks drafts against plain output (shadow); the stream is the plain one."""
     model = InductionModel(VOCAB, seed=21)
     expected = plain(model, SAMPLED, 300)
-    opts = SpecOptions(gate_options=GateOptions(reprobe_after=4, reprobe_max=16, probe_steps=2))
-    dear = CostTable((1, 2, 16), (1.0, 3.0, 10.0))
-    result = generate(
-        model,
-        PROMPT,
-        300,
-        sampling=SAMPLED,
-        source=garbage_source(VOCAB),
-        options=opts,
-        cost_table=dear,
-    )
-    assert result.token_ids == expected
-    assert result.stats.gate_off >= 1 and result.stats.gate_probes >= 3
-    assert result.stats.plain_steps > result.stats.verify_steps
+    gate_options = GateOptions(reprobe_after=4, reprobe_max=16, probe_steps=2, shadow_probe=shadow)
+    opts = SpecOptions(gate_options=gate_options)
+    for table in (CostTable((1, 2, 16), (1.0, 3.0, 10.0)), CostTable((1, 16), (1.0, 1.5))):
+        result = generate(
+            model,
+            PROMPT,
+            300,
+            sampling=SAMPLED,
+            source=garbage_source(VOCAB),
+            options=opts,
+            cost_table=table,
+        )
+        assert result.token_ids == expected
+        st = result.stats
+        assert st.plain_steps > st.verify_steps
+        dear = table.cost(3) > 2
+        if shadow and dear:  # starts off: garbage never earns a verify
+            assert st.verify_steps == 0 and st.gate_off == 0 and st.gate_on == 0
+            assert st.shadow_checks > 200
+        elif shadow:  # starts on, trips; shadow checks (a lucky run of them may pass)
+            assert st.gate_off >= 1 and st.verify_steps < 10
+            assert st.gate_probes == 0 and st.shadow_checks > 200
+        else:
+            assert st.gate_off >= 1 and st.gate_probes >= 3 and st.shadow_checks == 0
 
 
-def test_gate_reopens_when_drafts_pay() -> None:
+@pytest.mark.parametrize("shadow", [True, False], ids=["shadow", "blind"])
+def test_gate_reopens_when_drafts_pay(shadow: bool) -> None:
     model = InductionModel(VOCAB, seed=22)
     expected = plain(model, GREEDY, 300)
     calls = [0]
@@ -198,7 +210,9 @@ def test_gate_reopens_when_drafts_pay() -> None:
         calls[0] += 1
         return [0] * n if calls[0] <= 6 else good(stream, n)
 
-    opts = SpecOptions(gate_options=GateOptions(reprobe_after=4, probe_steps=2))
+    opts = SpecOptions(
+        gate_options=GateOptions(reprobe_after=4, probe_steps=2, shadow_probe=shadow)
+    )
     result = generate(
         model,
         PROMPT,
@@ -209,6 +223,71 @@ def test_gate_reopens_when_drafts_pay() -> None:
     )
     assert result.token_ids == expected
     assert result.stats.gate_off >= 1 and result.stats.gate_on >= 1
+    if shadow:  # back on after two passing shadow checks, without a probe verify
+        assert result.stats.gate_probes == 0 and result.stats.shadow_checks >= 2
+        assert result.stats.tokens_per_step > 5
+
+
+@pytest.mark.parametrize(
+    "sampling", [GREEDY, SAMPLED, PENALISED], ids=["greedy", "sampled", "penalised"]
+)
+def test_a_shadow_check_counts_what_a_verify_would_have_accepted(
+    sampling: SamplingOptions, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Oracle: for each shadow check, a second decoder verifies that very draft at that very
+    position (same seed) and accepts exactly as many tokens as the check said."""
+    from draftless.gate import CostGate
+
+    model = InductionModel(VOCAB, seed=31)
+    expected = plain(model, sampling, 160)
+    reported: list[tuple[int, int]] = []  # (drafted, accepted) per settled shadow check
+    made: list[tuple[list[int], int]] = []  # (draft, position) of each settled shadow draft
+    record, check = CostGate.record_shadow, SpeculativeDecoder._check_shadow
+
+    def spy_record(self, k, drafted, accepted, committed):  # type: ignore[no-untyped-def]
+        reported.append((drafted, accepted))
+        return record(self, k, drafted, accepted, committed)
+
+    def spy_check(self):  # type: ignore[no-untyped-def]
+        _, draft, at = self._shadow
+        check(self)
+        if self._shadow is None:
+            made.append((list(draft), at))
+
+    monkeypatch.setattr(CostGate, "record_shadow", spy_record)
+    monkeypatch.setattr(SpeculativeDecoder, "_check_shadow", spy_check)
+    dear = CostTable((1, 2, 16), (1.0, 3.0, 10.0))  # off after the first losses, stays off
+    dec = SpeculativeDecoder(
+        model,
+        sampling=sampling,
+        source=alternating_source(PROMPT + expected, VOCAB),
+        cost_table=dear,
+    )
+    model.truncate(0)
+    dec.append(PROMPT)
+    got: list[int] = []
+    while len(got) < len(expected):
+        got += dec.step(len(expected) - len(got))
+    assert got == expected
+    assert len(reported) == len(made) >= 20 and dec.stats.verify_steps <= 4
+    assert any(a == d for d, a in reported) and any(0 < a < d for d, a in reported)
+    for (draft, at), (drafted, accepted) in list(zip(made, reported, strict=True))[:40]:
+        assert drafted == len(draft)
+
+        def only_there(s: list[int], n: int, draft=draft, at=at) -> list[int]:
+            return draft[:n] if len(s) == at else []
+
+        real = generate(
+            model,
+            PROMPT,
+            at - len(PROMPT) + len(draft) + 1,
+            sampling=sampling,
+            source=ScriptedSource(only_there),
+            options=ALWAYS,
+        )
+        assert real.stats.verify_steps == 1
+        assert real.stats.accepted == accepted, (at, draft)
+        assert real.token_ids == expected[: len(real.token_ids)]
 
 
 def test_out_of_vocabulary_drafts_never_reach_the_model() -> None:

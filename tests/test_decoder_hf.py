@@ -100,12 +100,14 @@ def test_rows_seen_by_the_sampler_equal_plain_rows(model: HFModel) -> None:
         np.testing.assert_array_equal(rows[pos], plain_rows[pos], err_msg=f"position {pos}")
 
 
-def test_forced_gate_trips_do_not_change_the_stream(model: HFModel) -> None:
+@pytest.mark.parametrize("shadow", [True, False], ids=["shadow", "blind"])
+def test_forced_gate_trips_do_not_change_the_stream(model: HFModel, shadow: bool) -> None:
     from draftless.gate import CostTable, GateOptions
 
     ids = prompt(2)
     expected = generate(model, ids, 120, sampling=SAMPLED, stop_ids=[]).token_ids
-    opts = SpecOptions(gate_options=GateOptions(reprobe_after=3, reprobe_max=12, probe_steps=2))
+    gate_options = GateOptions(reprobe_after=3, reprobe_max=12, probe_steps=2, shadow_probe=shadow)
+    opts = SpecOptions(gate_options=gate_options)
     got = generate(
         model,
         ids,
@@ -117,4 +119,7 @@ def test_forced_gate_trips_do_not_change_the_stream(model: HFModel) -> None:
         stop_ids=[],
     )
     assert got.token_ids == expected
-    assert got.stats.gate_off >= 1 and got.stats.gate_probes >= 2
+    if shadow:  # so dear that the gate starts off; garbage never earns a verify
+        assert got.stats.verify_steps == 0 and got.stats.shadow_checks > 50
+    else:
+        assert got.stats.gate_off >= 1 and got.stats.gate_probes >= 2

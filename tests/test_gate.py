@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from draftless.gate import (
+    DEFAULT_COST_TABLES,
     CostGate,
     CostTable,
     CostTableEmpty,
@@ -66,8 +67,75 @@ def test_gate_waits_for_enough_evidence_then_trips() -> None:
     assert not gate.allows() and gate.turned_off == 1
 
 
+def test_default_gate_acts_after_two_short_losing_verifies() -> None:
+    # Two 2-token drafts, nothing accepted: 2 tokens for 2 x C(3) plain steps.
+    gate = CostGate(TABLE, GateOptions())
+    gate.record_verify(k=3, drafted=2, accepted=0, committed=1)
+    assert gate.allows()  # one verify is too noisy to act on
+    gate.record_verify(k=3, drafted=2, accepted=0, committed=1)
+    assert not gate.allows() and gate.turned_off == 1
+
+
+def off_gate(**options: object) -> CostGate:
+    gate = CostGate(TABLE, GateOptions(probe_steps=3, **options))  # type: ignore[arg-type]
+    losing_verify(gate)
+    losing_verify(gate)
+    assert gate.state is GateState.OFF
+    return gate
+
+
+def test_shadow_checks_turn_an_off_gate_back_on_and_blind_probes_never_come() -> None:
+    gate = off_gate()
+    for _ in range(5000):  # no blind probe, however long it waits
+        gate.record_disabled_step()
+    assert gate.state is GateState.OFF and gate.probes == 0
+    cost = gate.verify_cost(9)  # 3.05: 8 of 8 accepted commits 9 (3x); 1 of 8, 2 (0.66x)
+    gate.record_shadow(k=9, drafted=8, accepted=8, committed=9)
+    gate.record_shadow(k=9, drafted=8, accepted=8, committed=9)
+    assert gate.state is GateState.OFF  # probe_steps (3) checks are needed
+    gate.record_shadow(k=9, drafted=8, accepted=1, committed=2)  # 20 / 9.14 = 2.2x
+    assert gate.allows() and gate.turned_on == 1 and gate.shadow_checks == 3
+    assert gate.est_speedup() == pytest.approx(20 / (3 * cost))  # the checks seed the window
+    gate.record_shadow(k=9, drafted=8, accepted=0, committed=1)  # ignored while ON
+    assert gate.shadow_checks == 3
+
+
+def test_shadow_checks_need_the_probe_margin_over_a_rolling_window() -> None:
+    gate = off_gate()
+    for _ in range(3):  # k = 3 costs 1.65: 2 tokens are 1.21x, 1 token 0.61x
+        gate.record_shadow(k=3, drafted=2, accepted=0, committed=1)
+    assert gate.state is GateState.OFF
+    gate.record_shadow(k=3, drafted=2, accepted=1, committed=2)  # window 4/4.95: off
+    gate.record_shadow(k=3, drafted=2, accepted=1, committed=2)  # 5/4.95 = 1.01 < 1.1
+    assert gate.state is GateState.OFF
+    gate.record_shadow(k=3, drafted=2, accepted=2, committed=3)  # 7/4.95 = 1.41
+    assert gate.state is GateState.ON
+
+
+def test_shadow_evidence_sets_the_budget_while_off() -> None:
+    steep = CostTable((1, 2, 4, 8, 16), (1.0, 1.4, 2.2, 3.5, 6.2))
+    budgets = []
+    for accepted in (16, 0):
+        gate = CostGate(steep, GateOptions())
+        for _ in range(2):
+            gate.record_verify(k=17, drafted=16, accepted=0, committed=1)
+        assert gate.state is GateState.OFF and gate.budget(16) == 2  # the window was cleared
+        for _ in range(3):  # fewer than probe_steps: still off
+            gate.record_shadow(k=17, drafted=16, accepted=accepted, committed=accepted + 1)
+        assert gate.state is GateState.OFF
+        budgets.append(gate.budget(16))
+    assert budgets[0] > 4 and budgets[1] == 2
+
+
+def test_blind_mode_ignores_shadow_checks() -> None:
+    gate = off_gate(shadow_probe=False)
+    for _ in range(5):
+        gate.record_shadow(k=9, drafted=8, accepted=8, committed=9)
+    assert gate.state is GateState.OFF and gate.shadow_checks == 0
+
+
 def test_backoff_doubles_up_to_the_cap_and_a_passed_probe_resets_it() -> None:
-    opts = GateOptions(reprobe_after=4, reprobe_max=16, probe_steps=2)
+    opts = GateOptions(reprobe_after=4, reprobe_max=16, probe_steps=2, shadow_probe=False)
     gate = CostGate(TABLE, opts)
     losing_verify(gate)
     losing_verify(gate)
@@ -104,7 +172,8 @@ def test_backoff_doubles_up_to_the_cap_and_a_passed_probe_resets_it() -> None:
 def test_hysteresis_probe_needs_the_margin() -> None:
     # est = committed / cost; k = 2 costs 1.0 with this table.
     flat = CostTable((1, 2), (1.0, 1.0))
-    gate = CostGate(flat, GateOptions(reprobe_after=1, probe_steps=2, min_window_drafted=2))
+    blind = GateOptions(reprobe_after=1, probe_steps=2, min_window_drafted=2, shadow_probe=False)
+    gate = CostGate(flat, blind)
     gate.record_verify(k=2, drafted=1, accepted=0, committed=1)
     gate.record_verify(k=4, drafted=3, accepted=0, committed=1)  # est 2 / 2.0 ... cost(4)=1
     assert gate.allows()  # est = 2 / 2 = 1.0: not below min_speedup
@@ -206,3 +275,20 @@ def test_an_always_on_gate_asks_for_plain_timings_to_rescale() -> None:
     gate.record_verify(k=9, drafted=8, accepted=8, committed=9, seconds=0.05)
     assert gate.wants_plain_timing()
     assert gate.scale > 1.0  # 0.05 s verifies against 0.01 s plain steps: dearer than C(9)
+
+
+def test_a_gate_starts_off_where_even_the_prior_would_not_clear_the_probe_bar() -> None:
+    steep, flat = DEFAULT_COST_TABLES["llamacpp"], DEFAULT_COST_TABLES["hf"]
+    assert CostGate(steep).prior_rate(16) < 1.1 < CostGate(flat).prior_rate(16)
+    for table, state in ((steep, GateState.OFF), (flat, GateState.ON)):
+        gate = CostGate(table)
+        gate.start(16)
+        assert gate.state is state and gate.turned_off == 0
+    blind = CostGate(steep, GateOptions(shadow_probe=False))
+    blind.start(16)
+    assert blind.state is GateState.ON  # the record's gate always explores with verifies
+    gate = CostGate(steep)
+    gate.start(16)
+    for _ in range(4):  # a copying source earns its first verify
+        gate.record_shadow(k=3, drafted=2, accepted=2, committed=3)
+    assert gate.allows() and gate.turned_on == 1

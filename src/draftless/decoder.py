@@ -17,6 +17,11 @@ The cost gate is kept per draft source: a source that can say which of its membe
 draft (`select()`, as the cascade does) gets one gate per member, so a cold recycling matrix
 whose drafts lose time is switched off without switching off conversation or reference drafts
 that pay. A source without `select()` has one gate.
+
+While a gate is off, the decoder still asks its source for a draft now and then and checks it
+against the tokens plain decoding commits next (a *shadow check*, see gate.py): the committed
+stream is the one a verify would have produced, so the check is exact, and it costs no forward.
+A shadow draft never reaches the model, the cache or the RNG; only the gate sees it.
 """
 
 from __future__ import annotations
@@ -70,6 +75,7 @@ class DecodeStats:
     gate_off: int = 0  # times the gate turned speculation off
     gate_on: int = 0  # times a probe turned it back on
     gate_probes: int = 0
+    shadow_checks: int = 0  # drafts checked against plain output while a gate was off
     forward_seconds: float = 0.0
 
     @property
@@ -127,6 +133,8 @@ class SpeculativeDecoder:
         self.history: list[int] = []  # every committed token, prompt included
         self.carried: int | None = None  # last committed token, not yet in the cache
         self.stats = DecodeStats()
+        # A draft made while its gate was off: (gate, draft, stream position it continues).
+        self._shadow: tuple[CostGate, list[int], int] | None = None
 
     # -- the stream ----------------------------------------------------------------------
     def append(self, token_ids: Sequence[int]) -> None:
@@ -137,6 +145,7 @@ class SpeculativeDecoder:
         bad = [t for t in ids if not 0 <= t < self.vocab]
         if bad:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {self.vocab})")
+        self._shadow = None  # tokens from outside are not what the model would have made
         pending = ([self.carried] if self.carried is not None else []) + ids[:-1]
         if pending:
             self.model.prefill(pending)
@@ -146,6 +155,7 @@ class SpeculativeDecoder:
             self.source.observe(ids)
 
     def reset(self) -> None:
+        self._shadow = None
         self.model.truncate(0)
         self.history.clear()
         self.carried = None
@@ -160,6 +170,7 @@ class SpeculativeDecoder:
         if n == 0:
             self.reset()
         elif n < len(self.history):
+            self._shadow = None
             self.model.truncate(n - 1)
             del self.history[n:]
             self.carried = self.history[-1]
@@ -187,6 +198,8 @@ class SpeculativeDecoder:
         self.model.truncate(start + len(committed))  # carried + the accepted drafts
         self.carried = committed[-1]
         self._account(draft, committed, seconds, gate)
+        if self._shadow is not None:
+            self._check_shadow()
         if self.source is not None:
             if self.source.wants_topk:
                 top = topk_rows(rows[: len(committed)], TOPK)  # [m, TOPK]
@@ -198,6 +211,7 @@ class SpeculativeDecoder:
         gate = self.gates.get(name)
         if gate is None:
             gate = self.gates[name] = CostGate(self.cost_table, self.options.gate_options)
+            gate.start(self.options.max_draft)
         return gate
 
     def _draft(self, room: int) -> tuple[list[int], CostGate | None]:
@@ -212,6 +226,7 @@ class SpeculativeDecoder:
             return [], None
         gate = self._gate_for(name)
         if opts.gate and not gate.allows():
+            self._shadow_draft(gate)
             return [], gate
         if opts.gate and self.clock is not None and gate.wants_plain_timing():
             return [], None  # a plain step now and then keeps the live cost rescale honest
@@ -222,7 +237,17 @@ class SpeculativeDecoder:
             gate = self._gate_for(actual)
             if opts.gate and not gate.allows():
                 self._discard()
+                self._shadow_draft(gate, proposal)
                 return [], gate
+        draft = self._valid(proposal)
+        if len(draft) < opts.min_draft:
+            if len(proposal):
+                self._discard()
+            return [], None
+        return draft, gate
+
+    def _valid(self, proposal: Sequence[int] | np.ndarray) -> list[int]:
+        """The draft up to its first token outside the vocabulary (counted as dropped)."""
         draft: list[int] = []
         for t in proposal:
             t = int(t)
@@ -230,11 +255,41 @@ class SpeculativeDecoder:
                 self.stats.dropped += 1
                 break
             draft.append(t)
-        if len(draft) < opts.min_draft:
+        return draft
+
+    def _shadow_draft(
+        self, gate: CostGate, proposal: Sequence[int] | np.ndarray | None = None
+    ) -> None:
+        """Keep a draft to check against plain output, for a gate that is off (see gate.py).
+        One at a time; the source is told it will not be verified."""
+        if self._shadow is not None or not gate.options.shadow_probe or self.source is None:
+            return
+        if proposal is None:
+            budget = min(self.options.max_draft, gate.budget(self.options.max_draft))
+            proposal = self.source.suggest(budget)[:budget]
             if len(proposal):
                 self._discard()
-            return [], None
-        return draft, gate
+            actual = getattr(self.source, "last_source", None)
+            if actual is not None and self._gate_for(actual) is not gate:
+                return  # another member drafted: not evidence about this gate
+        draft = self._valid(proposal)
+        if len(draft) >= self.options.min_draft:
+            self._shadow = (gate, draft, len(self.history))
+
+    def _check_shadow(self) -> None:
+        """Settle the shadow draft once the committed stream decides it: at its first
+        mismatch, or when every draft token has been committed."""
+        assert self._shadow is not None
+        gate, draft, at = self._shadow
+        made = self.history[at : at + len(draft)]
+        pairs = enumerate(zip(made, draft, strict=False))  # made may still be shorter
+        accepted = next((i for i, (a, b) in pairs if a != b), len(made))
+        if accepted == len(made) and len(made) < len(draft):
+            return  # agrees so far; the next tokens decide
+        self._shadow = None
+        gate.record_shadow(len(draft) + 1, len(draft), accepted, accepted + 1)
+        self.stats.shadow_checks += 1
+        self._sync_gate_stats()
 
     def _discard(self) -> None:
         """Tell the source its last suggestion will not be verified."""

@@ -13,9 +13,23 @@ clamped EWMA multiplier: a noisy timing moves the estimate by at most `scale_alp
 clamped deviation, so one scheduler stall cannot flip the gate, while a machine whose
 economics differ from the table is learned within a few verifies.
 
-States: ON -> (est < min_speedup) -> OFF for `reprobe_after` plain steps -> PROBE of
-`probe_steps` verifies -> ON if est >= min_speedup + probe_margin (wait resets to the base),
-else OFF again with the wait doubled, up to `reprobe_max`.
+States: ON -> (est < min_speedup) -> OFF. How an OFF gate comes back depends on
+`shadow_probe`:
+
+- shadow (the default): while the gate is off, the decoder still asks the source for a draft
+  and, instead of verifying it, checks it against the tokens plain decoding commits next.
+  Decoding is lossless, so those tokens are the ones a verify would have committed: the check
+  says exactly how many draft tokens a verify would have accepted, at no cost. The gate turns
+  ON once its last `probe_steps` shadow checks would have paid at least min_speedup +
+  probe_margin, priced with the current cost estimate.
+- blind (the design record's): OFF for `reprobe_after` plain steps -> PROBE of `probe_steps`
+  real verifies -> ON if est >= min_speedup + probe_margin (wait resets to the base), else
+  OFF again with the wait doubled, up to `reprobe_max`.
+
+A blind probe that fails costs up to probe_steps x (C(k) - 1) plain steps; where verifies are
+dear (llama.cpp on an AVX2 CPU, C(3) ~ 2.3) that is ~5 steps every 128, ~4% of a run that
+cannot gain, per draft source. The shadow check costs a draft lookup per plain step (tens of
+microseconds) and re-enables as soon as drafts would pay, not at the next probe.
 """
 
 from __future__ import annotations
@@ -116,7 +130,10 @@ class GateOptions:
     min_speedup: float = 1.0  # speculate while est_speedup >= this
     probe_margin: float = 0.10  # a probe re-enables only at >= min_speedup + margin
     window: int = 16  # verify steps in the rolling window
-    min_window_drafted: int = 8  # drafted tokens before the gate may act
+    # Drafted tokens before the gate may act. The record's 8, with its long first drafts,
+    # meant "two verifies"; our drafts are capped at the cost-optimal length, 2 tokens on a
+    # steep table, where 8 would take four losing verifies per source before the gate acts.
+    min_window_drafted: int = 4
     min_window_verifies: int = 2  # verifies before the gate may act
     reprobe_after: int = 128  # disabled steps before the first probe
     reprobe_max: int = 1024  # cap of the doubling wait
@@ -124,6 +141,7 @@ class GateOptions:
     scale_alpha: float = 0.2  # EWMA weight of one live timing
     scale_min: float = 0.25  # clamp of the live multiplier
     scale_max: float = 4.0
+    shadow_probe: bool = True  # an OFF gate comes back on shadow checks, not blind probes
 
     def __post_init__(self) -> None:
         if self.window < 2 or self.window < self.min_window_verifies:
@@ -180,6 +198,7 @@ class CostGate:
     def __post_init__(self) -> None:
         self.state = GateState.ON
         self._window: deque[_Verify] = deque(maxlen=self.options.window)
+        self._shadow: deque[_Verify] = deque(maxlen=self.options.probe_steps)  # while OFF
         self._scale = 1.0  # live multiplier on the table
         self._plain_seconds: float | None = None  # EWMA of a plain step's wall time
         self._timed_verifies = 0  # timed verifies since the last plain timing
@@ -188,6 +207,7 @@ class CostGate:
         self.turned_off = 0
         self.turned_on = 0
         self.probes = 0
+        self.shadow_checks = 0
 
     # -- queries -------------------------------------------------------------------------
     def allows(self) -> bool:
@@ -205,19 +225,46 @@ class CostGate:
         cost = sum(v.cost for v in self._window)
         return sum(v.committed for v in self._window) / cost if cost > 0 else None
 
+    def _evidence(self) -> deque[_Verify]:
+        """Verifies the budget learns from: the window, or the shadow checks while OFF."""
+        return self._shadow if self.state is GateState.OFF else self._window
+
     def acceptance(self) -> float | None:
-        drafted = sum(v.drafted for v in self._window)
-        return sum(v.accepted for v in self._window) / drafted if drafted else None
+        evidence = self._evidence()
+        drafted = sum(v.drafted for v in evidence)
+        return sum(v.accepted for v in evidence) / drafted if drafted else None
 
     def token_acceptance(self) -> float:
         """Per-token acceptance p, as if each draft token were accepted with probability p
         until the first rejection: accepted / (accepted + verifies that hit a rejection).
         A prior of PRIOR_TOKEN_ACCEPTANCE, worth PRIOR_WEIGHT draft tokens, keeps it sane
         on little evidence."""
-        accepted = sum(v.accepted for v in self._window)
-        rejections = sum(1 for v in self._window if v.accepted < v.drafted)
+        evidence = self._evidence()
+        accepted = sum(v.accepted for v in evidence)
+        rejections = sum(1 for v in evidence if v.accepted < v.drafted)
         p = PRIOR_TOKEN_ACCEPTANCE
         return (accepted + p * PRIOR_WEIGHT) / (accepted + rejections + PRIOR_WEIGHT)
+
+    def prior_rate(self, max_draft: int) -> float:
+        """Tokens per plain-step equivalent the best draft is expected to commit before any
+        evidence: max over d <= max_draft of E(d) / C(d + 1) at PRIOR_TOKEN_ACCEPTANCE."""
+        p, expected, term, best = PRIOR_TOKEN_ACCEPTANCE, 1.0, 1.0, 0.0
+        for d in range(1, max(1, max_draft) + 1):
+            term *= p
+            expected += term
+            best = max(best, expected / self.verify_cost(d + 1))
+        return best
+
+    def start(self, max_draft: int) -> None:
+        """Choose the first state, before any evidence. With shadow probes, a gate whose
+        drafts would not clear the probe bar even at the prior acceptance (a steep table:
+        llama.cpp on an AVX2 CPU, ~1.07x at best) starts OFF, and its source earns its first
+        verify with shadow checks; on a flat table (~2x) exploring with real verifies is
+        cheap and the gains are large, so it starts ON, as in the record."""
+        bar = self.options.min_speedup + self.options.probe_margin
+        if self.options.shadow_probe and self.prior_rate(max_draft) < bar:
+            self.state = GateState.OFF
+            self._left = self._wait
 
     def budget(self, max_draft: int) -> int:
         """Draft budget: the record's acceptance-adaptive max(2, 2 + ceil(acceptance x
@@ -256,7 +303,7 @@ class CostGate:
     def record_disabled_step(self, seconds: float | None = None) -> None:
         """A plain step taken because the gate is off."""
         self._time_plain(seconds)
-        if self.state is GateState.OFF:
+        if self.state is GateState.OFF and not self.options.shadow_probe:
             self._left -= 1
             if self._left <= 0:
                 self.state = GateState.PROBE
@@ -290,6 +337,23 @@ class CostGate:
             if window_est is not None and window_est < self.options.min_speedup:
                 self._turn_off(count=True)
 
+    def record_shadow(self, k: int, drafted: int, accepted: int, committed: int) -> None:
+        """What a verify of k tokens would have done, had the gate allowed it: a draft of
+        `drafted` tokens checked against the tokens plain decoding committed after it.
+        Ignored unless the gate is OFF and shadow_probe is set."""
+        if self.state is not GateState.OFF or not self.options.shadow_probe:
+            return
+        self.shadow_checks += 1
+        self._shadow.append(_Verify(drafted, accepted, committed, self.verify_cost(k)))
+        if len(self._shadow) < self.options.probe_steps:
+            return
+        cost = sum(v.cost for v in self._shadow)
+        est = sum(v.committed for v in self._shadow) / cost
+        if est >= self.options.min_speedup + self.options.probe_margin:
+            self._turn_on()
+            self._window.extend(self._shadow)  # the evidence that turned it on
+            self._shadow.clear()
+
     def reset_window(self) -> None:
         self._window.clear()
 
@@ -317,6 +381,7 @@ class CostGate:
         self.state = GateState.OFF
         self._left = self._wait
         self._window.clear()
+        self._shadow.clear()
 
     def _turn_on(self) -> None:
         self.state = GateState.ON

@@ -174,7 +174,10 @@ def _diagnosis(task: TaskResult, table: CostTable | None) -> str:
         )
     steps = s.steps or 1
     parts.append(f"{s.verify_steps}/{steps} steps verified ({s.verify_steps / steps:.0%})")
-    parts.append(f"gate off {s.gate_off}x, on {s.gate_on}x, probes {s.gate_probes}")
+    parts.append(
+        f"gate off {s.gate_off}x, on {s.gate_on}x, probes {s.gate_probes}, "
+        f"shadow checks {s.shadow_checks}"
+    )
     members = []
     for m in task_members(task):
         text = f"{m.name} {m.accepted}/{m.drafted}"

@@ -27,7 +27,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Protocol
 
 from draftless.bench.tasks import Task
@@ -69,9 +69,15 @@ class StepStats:
     gate_off: int = 0
     gate_on: int = 0
     gate_probes: int = 0
+    shadow_checks: int = 0  # drafts checked against plain output while a gate was off
 
     def __add__(self, other: StepStats) -> StepStats:
         return StepStats(*(a + b for a, b in zip(_astuple(self), _astuple(other), strict=True)))
+
+    @classmethod
+    def of(cls, stats: Any) -> StepStats:
+        """The decoder's DecodeStats (or anything with these fields) as StepStats."""
+        return cls(*(int(getattr(stats, f.name)) for f in fields(cls)))
 
     @property
     def acceptance(self) -> float | None:
@@ -87,17 +93,7 @@ class StepStats:
 
 
 def _astuple(s: StepStats) -> tuple[int, ...]:
-    return (
-        s.steps,
-        s.verify_steps,
-        s.plain_steps,
-        s.committed,
-        s.drafted,
-        s.accepted,
-        s.gate_off,
-        s.gate_on,
-        s.gate_probes,
-    )
+    return tuple(getattr(s, f.name) for f in fields(StepStats))
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,18 +185,7 @@ class Ours:
                 first_seconds, first_tokens = time.perf_counter() - t0, len(chunk)
             tokens.extend(chunk)
         seconds = time.perf_counter() - t0
-        s = dec.stats
-        stats = StepStats(
-            s.steps,
-            s.verify_steps,
-            s.plain_steps,
-            s.committed,
-            s.drafted,
-            s.accepted,
-            s.gate_off,
-            s.gate_on,
-            s.gate_probes,
-        )
+        stats = StepStats.of(dec.stats)
         members = _members(source, dec)
         return Run(tuple(tokens), seconds, first_seconds, first_tokens, stats, members)
 
