@@ -292,3 +292,29 @@ def test_a_gate_starts_off_where_even_the_prior_would_not_clear_the_probe_bar() 
     for _ in range(4):  # a copying source earns its first verify
         gate.record_shadow(k=3, drafted=2, accepted=2, committed=3)
     assert gate.allows() and gate.turned_on == 1
+
+
+def test_a_shadow_turn_on_that_does_not_hold_doubles_the_evidence_needed() -> None:
+    gate = off_gate()  # probe_steps 3, window 16
+
+    def turn_on_with_passing_checks() -> int:
+        n = 0
+        while not gate.allows():
+            gate.record_shadow(k=9, drafted=8, accepted=8, committed=9)
+            n += 1
+        return n
+
+    def lose_until_off() -> None:
+        while gate.allows():
+            losing_verify(gate)
+
+    needs = []
+    for _ in range(4):
+        needs.append(turn_on_with_passing_checks())
+        lose_until_off()
+    assert needs == [3, 6, 12, 16]  # doubled up to the window
+    turn_on_with_passing_checks()
+    for _ in range(16):  # the turn-on holds for a window of real verifies
+        winning_verify(gate)
+    lose_until_off()
+    assert turn_on_with_passing_checks() == 3  # back to the base

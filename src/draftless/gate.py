@@ -30,6 +30,11 @@ A blind probe that fails costs up to probe_steps x (C(k) - 1) plain steps; where
 dear (llama.cpp on an AVX2 CPU, C(3) ~ 2.3) that is ~5 steps every 128, ~4% of a run that
 cannot gain, per draft source. The shadow check costs a draft lookup per plain step (tens of
 microseconds) and re-enables as soon as drafts would pay, not at the next probe.
+
+Shadow turn-ons back off in evidence rather than in time: when a turn-on is undone before
+`window` real verifies have held it, the next one needs twice as many passing checks (up to
+`window`); one that holds resets the need to `probe_steps`. Acceptance that hovers at the
+break-even would otherwise flap on and off, paying two losing verifies per cycle.
 """
 
 from __future__ import annotations
@@ -198,7 +203,11 @@ class CostGate:
     def __post_init__(self) -> None:
         self.state = GateState.ON
         self._window: deque[_Verify] = deque(maxlen=self.options.window)
-        self._shadow: deque[_Verify] = deque(maxlen=self.options.probe_steps)  # while OFF
+        self._shadow: deque[_Verify] = deque(maxlen=self.options.window)  # checks while OFF
+        # Shadow checks needed to turn on: probe_steps, doubled (up to the window) each time
+        # a shadow turn-on is undone before the window has filled with real verifies.
+        self._need = self.options.probe_steps
+        self._since_on = -1  # real verifies since a shadow turn-on still on trial; -1: none
         self._scale = 1.0  # live multiplier on the table
         self._plain_seconds: float | None = None  # EWMA of a plain step's wall time
         self._timed_verifies = 0  # timed verifies since the last plain timing
@@ -322,6 +331,10 @@ class CostGate:
             observed = min(self.options.scale_max, max(self.options.scale_min, observed))
             self._scale += self.options.scale_alpha * (observed - self._scale)
         self._window.append(_Verify(drafted, accepted, committed, self.verify_cost(k)))
+        if self._since_on >= 0:
+            self._since_on += 1
+            if self._since_on >= self.options.window:  # the turn-on held: back to the base
+                self._need, self._since_on = self.options.probe_steps, -1
         if self.state is GateState.PROBE:
             self._left -= 1
             if self._left <= 0:
@@ -345,14 +358,15 @@ class CostGate:
             return
         self.shadow_checks += 1
         self._shadow.append(_Verify(drafted, accepted, committed, self.verify_cost(k)))
-        if len(self._shadow) < self.options.probe_steps:
+        if len(self._shadow) < self._need:
             return
-        cost = sum(v.cost for v in self._shadow)
-        est = sum(v.committed for v in self._shadow) / cost
+        recent = list(self._shadow)[-self._need :]
+        est = sum(v.committed for v in recent) / sum(v.cost for v in recent)
         if est >= self.options.min_speedup + self.options.probe_margin:
             self._turn_on()
-            self._window.extend(self._shadow)  # the evidence that turned it on
+            self._window.extend(recent)  # the evidence that turned it on
             self._shadow.clear()
+            self._since_on = 0
 
     def reset_window(self) -> None:
         self._window.clear()
@@ -375,6 +389,9 @@ class CostGate:
             self._plain_seconds += self.options.scale_alpha * (seconds - self._plain_seconds)
 
     def _turn_off(self, *, count: bool) -> None:
+        if self._since_on >= 0:  # a shadow turn-on that did not hold: ask for more evidence
+            self._need = min(self.options.window, self._need * 2)
+            self._since_on = -1
         if count:
             self.turned_off += 1
             self._wait = self.options.reprobe_after
