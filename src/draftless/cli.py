@@ -170,7 +170,7 @@ def spec_summary(result: GenerationResult, source: Any) -> str:
     line = (
         f"spec: steps={s.steps} committed={s.committed} ({s.tokens_per_step:.2f} tok/step) "
         f"drafted={s.drafted} accepted={s.accepted} ({100 * s.acceptance:.0f}% acc) "
-        f"gate off={s.gate_off} on={s.gate_on} probes={s.gate_probes}"
+        f"gate off={s.gate_off} on={s.gate_on} probes={s.gate_probes} shadow={s.shadow_checks}"
     )
     if source is not None and hasattr(source, "stats"):
         parts = [
