@@ -52,6 +52,17 @@ def peer_stats(calls: Sequence[int], prompt_len: int, committed: int) -> StepSta
     )
 
 
+def _names(
+    key: str, library: str, lookup: int | None, *, plain: str | None = None
+) -> tuple[str, str, str | None]:
+    """(name, label, baseline) of a peer: its library's plain generate (labelled `plain`, or
+    the library's name) when lookup is None, else prompt lookup with `lookup` tokens, measured
+    against that plain generate."""
+    if lookup is None:
+        return f"{key}-generate", plain or library, None
+    return f"{key}-pld-{lookup}", f"{library} PLD n={lookup}", f"{key}-generate"
+
+
 def _truncate_at_stop(tokens: list[int], stops: frozenset[int], limit: int) -> list[int]:
     out: list[int] = []
     for t in tokens[:limit]:
@@ -80,12 +91,9 @@ class TransformersGenerate:
         self.module = torch_module(model)
         self.n = prompt_lookup
         self.stops = frozenset(model.eos_token_ids)
-        if prompt_lookup is None:
-            self.name, self.label, self.baseline = "hf-generate", "transformers generate", None
-        else:
-            self.name = f"hf-pld-{prompt_lookup}"
-            self.label = f"transformers PLD n={prompt_lookup}"
-            self.baseline = "hf-generate"
+        self.name, self.label, self.baseline = _names(
+            "hf", "transformers", prompt_lookup, plain="transformers generate"
+        )
 
     def run(self, job: Job) -> Run:
         import torch
@@ -169,12 +177,7 @@ class LlamaCppPython:
         self.llm = llm
         self.stops = stops
         self.n = num_pred_tokens
-        if num_pred_tokens is None:
-            self.name, self.label, self.baseline = "lcp-generate", "llama-cpp-python", None
-        else:
-            self.name = f"lcp-pld-{num_pred_tokens}"
-            self.label = f"llama-cpp-python PLD n={num_pred_tokens}"
-            self.baseline = "lcp-generate"
+        self.name, self.label, self.baseline = _names("lcp", "llama-cpp-python", num_pred_tokens)
 
     def run(self, job: Job) -> Run:
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding

@@ -588,18 +588,25 @@ def _quiet() -> Any:
         hf_logging.set_verbosity(verbosity)
 
 
+def _checked_config(name: str, attn_implementation: str | None, *args: Any, **kwargs: Any) -> Any:
+    """AutoConfig.from_pretrained(*args, **kwargs), refused before any weight is read if the
+    model cannot be rewound, with the requested attention implementation set."""
+    try:
+        config = AutoConfig.from_pretrained(*args, **kwargs)
+    except (ValueError, KeyError, OSError) as err:
+        raise ModelError(f"transformers cannot load {name}: {_one_line(err)}") from None
+    check_rewindable(config, name)
+    if attn_implementation is not None:
+        config._attn_implementation = attn_implementation
+    return config
+
+
 def _load_pretrained(
     directory: Path, name: str, dtype: torch.dtype, attn_implementation: str | None
 ) -> tuple[Any, Any]:
     """Config (checked before the weights are read), tokenizer and model from a local directory."""
     with _quiet():
-        try:
-            config = AutoConfig.from_pretrained(str(directory), local_files_only=True)
-        except (ValueError, KeyError, OSError) as err:
-            raise ModelError(f"transformers cannot load {name}: {_one_line(err)}") from None
-        check_rewindable(config, name)
-        if attn_implementation is not None:
-            config._attn_implementation = attn_implementation
+        config = _checked_config(name, attn_implementation, str(directory), local_files_only=True)
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
             model = AutoModelForCausalLM.from_pretrained(
@@ -631,13 +638,7 @@ def _load_gguf(
     from transformers import GgufConfig
 
     with _quiet():
-        try:
-            config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
-        except (ValueError, KeyError, OSError) as err:
-            raise ModelError(f"transformers cannot load {name}: {_one_line(err)}") from None
-        check_rewindable(config, name)
-        if attn_implementation is not None:
-            config._attn_implementation = attn_implementation
+        config = _checked_config(name, attn_implementation, str(path.parent), gguf_file=path.name)
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
             model = AutoModelForCausalLM.from_pretrained(
