@@ -75,6 +75,7 @@ def test_unknown_backend_is_refused_by_the_parser() -> None:
         (["--seed", "-1"], "seed"),
         (["--max-new-tokens", "0"], "max-new-tokens"),
         (["--spec", "--max-draft", "0"], "max_draft"),
+        (["--stop", ""], "--stop needs non-empty text"),
     ],
 )
 def test_invalid_options(flags: list[str], fragment: str) -> None:
@@ -171,6 +172,34 @@ def test_generate_json_reports_text_and_speculation_stats(tmp_path: Path) -> Non
     assert spec["committed"] == out["new_tokens"]
     assert [s["name"] for s in spec["sources"]] == ["conversation", "reference[0]", "recycling"]
     assert all(set(s) >= {"accepted", "drafted", "muted"} for s in spec["sources"])
+
+
+@pytest.mark.slow
+@SMOLLM2
+def test_a_text_stop_ends_speculative_output_where_plain_ends() -> None:
+    import json
+
+    prompt = "Repeat exactly: Tea is grown on hills. It is picked by hand. It is dried in sun."
+    args = ["generate", "--json", "--chat", "-n", "40", "--prompt", prompt]
+    full = json.loads(run(*args).stdout)
+    assert len(full["text"]) > 30, full
+    stop = full["text"][20:23]
+    cut = full["text"].index(stop)
+    outs = [
+        json.loads(run(*args, *extra, "--stop", stop).stdout)
+        for extra in ([], ["--spec", "--no-gate"])
+    ]
+    for out in outs:
+        assert out["stop_reason"] == "stop_sequence" and out["text"] == full["text"][:cut]
+        assert out["token_ids"] == outs[0]["token_ids"]
+        assert out["token_ids"] == full["token_ids"][: len(out["token_ids"])]
+    assert outs[1]["spec"]["accepted"] > 0
+
+
+@pytest.mark.slow
+@SMOLLM2
+def test_a_stop_id_outside_the_vocabulary_is_refused() -> None:
+    assert_user_error(run("generate", "-p", "hi", "--stop-id", "49152"), "--stop-id 49152")
 
 
 @pytest.mark.slow

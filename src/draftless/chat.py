@@ -36,7 +36,9 @@ token that straddles the cut are re-encoded and appended). They are refused toge
 speculation: the token that completes a sequence can be accepted in the middle of a verify
 batch, and the tokens accepted after it would have drawn from the RNG although plain
 decoding stops there, breaking the one-draw-per-committed-token contract (§2, obligation 1),
-and the index would have learned tokens the trim discards.
+and the index would have learned tokens the trim discards. (A one-shot run has no next turn: `draftless
+generate --stop` checks text stops token by token and is exact with `--spec`; see
+`cli.generate_text`.)
 
 The turn gate. With speculation the decoder's source is a `TurnGate` around the index: it
 passes the committed stream through, and during a reply it stops at the first stop id, so
@@ -66,6 +68,7 @@ from draftless.decoder import DEFAULT_SOURCE, DecodeStats, SpecOptions, Speculat
 from draftless.gate import CostTable
 from draftless.models.base import Model, ModelError, StreamDecoder
 from draftless.sampling import SamplingOptions
+from draftless.stops import find_stop, held_back
 
 __all__ = [
     "ChatError",
@@ -512,11 +515,11 @@ class Conversation:
                 text += "".join(detok.push(t) for t in chunk if t not in self.stop_ids)
                 if chunk[-1] in self.stop_ids:
                     reason = "stop"
-                cut = _find_stop(text, self.stop_sequences, start)
+                cut = find_stop(text, self.stop_sequences, start)
                 if cut is not None:
                     reason = "stop_sequence"
                     break
-                safe = len(text) - _held_back(text, self.stop_sequences)
+                safe = len(text) - held_back(text, self.stop_sequences)
                 if safe > shown:
                     yield text[shown:safe]
                     shown = safe
@@ -526,7 +529,7 @@ class Conversation:
             if reason != "stop_sequence":
                 start = max(0, len(text) - hold)
                 text += detok.flush()
-                cut = _find_stop(text, self.stop_sequences, start)
+                cut = find_stop(text, self.stop_sequences, start)
                 if cut is not None:
                     reason = "stop_sequence"
             if cut is not None:
@@ -618,23 +621,6 @@ class Conversation:
                 f"the model's cache holds {self.model.n_past} tokens but this conversation "
                 f"expects {expected}: another user of the model changed it"
             )
-
-
-def _find_stop(text: str, sequences: Sequence[str], start: int) -> int | None:
-    """Index in `text` of the earliest stop sequence that ends after `start`, or None."""
-    hits = [i for s in sequences if (i := text.find(s, start)) >= 0]
-    return min(hits) if hits else None
-
-
-def _held_back(text: str, sequences: Sequence[str]) -> int:
-    """Length of the longest suffix of `text` that could start a stop sequence."""
-    best = 0
-    for s in sequences:
-        for n in range(min(len(s) - 1, len(text)), best, -1):
-            if s.startswith(text[-n:]):
-                best = n
-                break
-    return best
 
 
 def _copy_stats(stats: DecodeStats) -> DecodeStats:

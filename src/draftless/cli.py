@@ -10,8 +10,8 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import asdict
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from draftless.models.base import Model, ModelError, StreamDecoder
 from draftless.models.registry import BACKENDS, DEFAULT_MODEL, load_model
 from draftless.progress import Spinner
 from draftless.sampling import OptionsError, SamplingOptions
+from draftless.stops import TextStops, unescape
 
 MAX_REFERENCES = 8
 MAX_REFERENCE_BYTES = 4 * 1024 * 1024  # a reference file larger than this is refused
@@ -193,6 +194,91 @@ def stats_json(result: GenerationResult, source: Any) -> dict[str, Any]:
     return out
 
 
+def add_stop_options(p: argparse.ArgumentParser, *, what: str, spec_safe: bool) -> None:
+    how = "exact with --spec too" if spec_safe else "plain decoding only"
+    p.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help=rf"text that ends {what}, left out of it (repeatable; {how}; \n \t understood)",
+    )
+    p.add_argument(
+        "--stop-id",
+        action="append",
+        type=int,
+        default=[],
+        metavar="ID",
+        help=f"token id that ends {what} (repeatable; exact with --spec)",
+    )
+
+
+def stop_ids_from(ids: Sequence[int], vocab_size: int) -> list[int]:
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise UsageError(f"--stop-id {bad[0]} is not a token id of this model [0, {vocab_size})")
+    return list(ids)
+
+
+@dataclass
+class TextRun:
+    token_ids: list[int]  # up to the token that ended the run (a stop id, or the one
+    #                       that completed a stop sequence), included
+    text: str  # stop ids and a stop sequence (and what follows it) left out
+    stop_reason: str  # "stop", "stop_sequence" or "length"
+    seconds: float
+
+
+def generate_text(
+    dec: SpeculativeDecoder,
+    max_new_tokens: int,
+    stop_ids: frozenset[int],
+    stop_sequences: Sequence[str] = (),
+    emit: Callable[[str], None] | None = None,
+) -> TextRun:
+    """Decode, detokenize and stop at a stop id or a text stop sequence; `emit` gets the text
+    as it becomes safe to show (never the start of a stop sequence).
+
+    Text stops are checked token by token, so the run ends at the token where plain decoding
+    ends, also when a verify accepted tokens past it: those are left out of the output. (The
+    RNG drew for them: harmless in a run that ends here; a chat, which goes on, refuses text
+    stops with speculation for that reason.)
+    """
+    detok = StreamDecoder(dec.model.tokenizer, skip_special=True)
+    stops = TextStops(stop_sequences)
+    out: list[int] = []
+    reason = "length"
+    t0 = time.perf_counter()
+
+    def show(piece: str) -> None:
+        if piece and emit is not None:
+            emit(piece)
+
+    for chunk in dec.stream(max_new_tokens, stop_ids):
+        for t in chunk:
+            out.append(t)
+            if t in stop_ids:
+                reason = "stop"
+                break
+            show(stops.push(detok.push(t)))
+            if stops.cut is not None:
+                reason = "stop_sequence"
+                break
+        if reason != "length":
+            break
+    if stops.cut is None:
+        show(stops.push(detok.flush()))
+        if stops.cut is not None:
+            reason = "stop_sequence"
+        show(stops.finish())
+    return TextRun(out, stops.text, reason, time.perf_counter() - t0)
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
 # -- generate ------------------------------------------------------------------------------
 def cmd_generate(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 1:
@@ -210,7 +296,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise UsageError("--spec-ref needs --spec")
     if len(args.spec_ref) > MAX_REFERENCES:
         raise UsageError(f"at most {MAX_REFERENCES} references, got {len(args.spec_ref)}")
+    sequences = [unescape(t) for t in args.stop]
+    if any(not t for t in sequences):
+        raise UsageError("--stop needs non-empty text")
     model = open_model(args)
+    stops = model.eos_token_ids | frozenset(stop_ids_from(args.stop_id, model.vocab_size))
     ids = prompt_ids(model, text, chat=args.chat, system=args.system)
     source = make_source(model, load_references(model, args.spec_ref)) if args.spec else None
     from draftless.probe import cost_table_for
@@ -220,28 +310,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
         model, sampling=sampling, source=source, options=spec, cost_table=table
     )
     dec.append(ids)
-    t0 = time.perf_counter()
-    out: list[int] = []
+    emit = None if args.json else _write
+    run = generate_text(dec, args.max_new_tokens, stops, sequences, emit)
+    if emit is not None:
+        _write("\n")
+    out, seconds = run.token_ids, run.seconds
+    result = GenerationResult(out, run.stop_reason, seconds, dec.stats, dec.seed)
     if args.json:
-        result = dec.generate(args.max_new_tokens)
-        out = result.token_ids
-    else:
-        stream = StreamDecoder(model.tokenizer)
-        stops = model.eos_token_ids
-        for chunk in dec.stream(args.max_new_tokens, stops):
-            out.extend(chunk)
-            for t in chunk:
-                if t not in stops:
-                    sys.stdout.write(stream.push(t))
-            sys.stdout.flush()
-        sys.stdout.write(stream.flush() + "\n")
-        reason = "stop" if out and out[-1] in stops else "length"
-        result = GenerationResult(out, reason, time.perf_counter() - t0, dec.stats, dec.seed)
-    seconds = result.seconds
-    if args.json:
-        shown = [t for t in out if t not in model.eos_token_ids]
         payload: dict[str, Any] = {
-            "text": model.tokenizer.decode(shown, skip_special=True),
+            "text": run.text,
             "token_ids": out,
             "prompt_tokens": len(ids),
             "new_tokens": len(out),
@@ -385,6 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--system", help="system message (with --chat)")
     g.add_argument("--max-new-tokens", "-n", type=int, default=128)
     g.add_argument("--json", action="store_true", help="print one JSON object")
+    add_stop_options(g, what="the output", spec_safe=True)
     add_sampling_options(g)
     add_spec_options(g)
     g.set_defaults(func=cmd_generate)

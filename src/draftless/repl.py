@@ -35,6 +35,7 @@ from draftless.cli import (
     add_model_options,
     add_sampling_options,
     add_spec_options,
+    add_stop_options,
     open_model,
     read_text_file,
     sampling_from,
@@ -43,6 +44,7 @@ from draftless.cli import (
 from draftless.decoder import GenerationResult, SpecOptions
 from draftless.models.base import ModelError
 from draftless.progress import Spinner
+from draftless.stops import unescape
 
 HELP = f"""commands:
   /reset        start a new conversation (reference documents are kept)
@@ -64,21 +66,7 @@ def register(subparsers: Any) -> None:
     add_model_options(p)
     p.add_argument("--system", help="system message")
     p.add_argument("--max-new-tokens", "-n", type=int, default=512, help="per reply (512)")
-    p.add_argument(
-        "--stop",
-        action="append",
-        default=[],
-        metavar="TEXT",
-        help=r"text that ends a reply (repeatable; plain decoding only; \n and \t understood)",
-    )
-    p.add_argument(
-        "--stop-id",
-        action="append",
-        type=int,
-        default=[],
-        metavar="ID",
-        help="token id that ends a reply (repeatable; exact with --spec)",
-    )
+    add_stop_options(p, what="a reply", spec_safe=False)
     add_sampling_options(p)
     add_spec_options(p)
     p.set_defaults(func=cmd_chat)
@@ -114,7 +102,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
                 speculation=args.spec,
                 spec_options=options,
                 extra_stop_ids=args.stop_id,
-                stop_sequences=[_unescape(s) for s in args.stop],
+                stop_sequences=[unescape(s) for s in args.stop],
                 cost_table=table,
                 max_new_tokens=args.max_new_tokens,
             )
@@ -373,20 +361,6 @@ class Repl:
             readline.write_history_file(self._history_file)
         except (ImportError, OSError):
             pass
-
-
-def _unescape(text: str) -> str:
-    r"""`\n` and `\t` typed on a command line, as the characters (`\\` is a backslash)."""
-    out, i = [], 0
-    while i < len(text):
-        pair = text[i : i + 2]
-        if pair in ("\\n", "\\t", "\\\\"):
-            out.append({"\\n": "\n", "\\t": "\t", "\\\\": "\\"}[pair])
-            i += 2
-        else:
-            out.append(text[i])
-            i += 1
-    return "".join(out)
 
 
 def _rate(tokens: int, seconds: float) -> str:
