@@ -113,6 +113,7 @@ def test_reference_needs_spec(tmp_path: Path) -> None:
 
 def test_empty_prompt(tmp_path: Path) -> None:
     assert_user_error(run("generate", "-p", "   "), "empty")
+    assert_user_error(run("generate", "--prompt-file", "-", stdin=" \n"), "empty")
     empty = tmp_path / "empty.txt"
     empty.write_text("\n")
     assert_user_error(run("generate", "--prompt-file", str(empty)), "empty")

@@ -36,9 +36,9 @@ token that straddles the cut are re-encoded and appended). They are refused toge
 speculation: the token that completes a sequence can be accepted in the middle of a verify
 batch, and the tokens accepted after it would have drawn from the RNG although plain
 decoding stops there, breaking the one-draw-per-committed-token contract (§2, obligation 1),
-and the index would have learned tokens the trim discards. (A one-shot run has no next turn: `draftless
-generate --stop` checks text stops token by token and is exact with `--spec`; see
-`cli.generate_text`.)
+and the index would have learned tokens the trim discards. (A one-shot run has no next
+turn: `draftless generate --stop` checks text stops token by token and is exact with
+`--spec`; see `cli.generate_text`.)
 
 The turn gate. With speculation the decoder's source is a `TurnGate` around the index: it
 passes the committed stream through, and during a reply it stops at the first stop id, so

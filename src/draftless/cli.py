@@ -140,6 +140,18 @@ def read_text_file(path: str, what: str) -> str:
         raise UsageError(f"{what} {path} is not UTF-8 text (byte {err.start})") from None
 
 
+def _read_stdin() -> str:
+    data = sys.stdin.buffer.read()
+    if b"\0" in data[:8192]:
+        raise UsageError("the prompt on standard input is binary, not text")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UsageError(
+            f"the prompt on standard input is not UTF-8 text (byte {err.start})"
+        ) from None
+
+
 def load_references(model: Model, paths: Sequence[str]) -> list[list[int]]:
     if len(paths) > MAX_REFERENCES:
         raise UsageError(f"at most {MAX_REFERENCES} references, got {len(paths)}")
@@ -285,9 +297,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise UsageError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if (args.prompt is None) == (args.prompt_file is None):
         raise UsageError("give exactly one of --prompt or --prompt-file")
-    text = (
-        args.prompt if args.prompt is not None else read_text_file(args.prompt_file, "prompt file")
-    )
+    if args.prompt is not None:
+        text = args.prompt
+    elif args.prompt_file == "-":
+        text = _read_stdin()
+    else:
+        text = read_text_file(args.prompt_file, "prompt file")
     if not text.strip():
         raise UsageError("the prompt is empty")
     sampling = sampling_from(args)
@@ -457,7 +472,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate text (plain, or --spec to speculate)")
     add_model_options(g)
     g.add_argument("--prompt", "-p")
-    g.add_argument("--prompt-file")
+    g.add_argument("--prompt-file", help="read the prompt from this file (-: standard input)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     g.add_argument("--system", help="system message (with --chat)")
     g.add_argument("--max-new-tokens", "-n", type=int, default=128)
