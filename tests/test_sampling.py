@@ -12,6 +12,7 @@ from draftless.sampling import (
     SamplingOptions,
     apply_penalties,
     candidates,
+    draw,
     make_rng,
     sample,
 )
@@ -76,37 +77,37 @@ def test_penalties_change_the_greedy_pick() -> None:
 
 
 def test_top_k_keeps_the_k_best() -> None:
-    ids, probs = candidates(ROW.astype(np.float64), SamplingOptions(temperature=1.0, top_k=2))
+    ids, probs, _ = candidates(ROW.astype(np.float64), SamplingOptions(temperature=1.0, top_k=2))
     assert ids.tolist() == [1, 2]
     np.testing.assert_allclose(probs, [1.0, np.exp(-1.0)])
 
 
 def test_top_p_keeps_the_smallest_nucleus() -> None:
     row = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
-    ids, _ = candidates(row, SamplingOptions(temperature=1.0, top_p=0.79))
+    ids, _, _ = candidates(row, SamplingOptions(temperature=1.0, top_p=0.79))
     assert ids.tolist() == [0, 1]  # 0.5 + 0.3 reaches 0.79
-    ids, _ = candidates(row, SamplingOptions(temperature=1.0, top_p=0.81))
+    ids, _, _ = candidates(row, SamplingOptions(temperature=1.0, top_p=0.81))
     assert ids.tolist() == [0, 1, 2]
-    ids, _ = candidates(row, SamplingOptions(temperature=1.0, top_p=0.4))
+    ids, _, _ = candidates(row, SamplingOptions(temperature=1.0, top_p=0.4))
     assert ids.tolist() == [0]
 
 
 def test_min_p_drops_tokens_below_a_fraction_of_the_best() -> None:
     row = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
-    ids, _ = candidates(row, SamplingOptions(temperature=1.0, min_p=0.3))
+    ids, _, _ = candidates(row, SamplingOptions(temperature=1.0, min_p=0.3))
     assert ids.tolist() == [0, 1, 2]  # 0.15 / 0.5 = 0.3 is kept, 0.1 is not
-    ids, _ = candidates(row, SamplingOptions(temperature=1.0, min_p=0.61))
+    ids, _, _ = candidates(row, SamplingOptions(temperature=1.0, min_p=0.61))
     assert ids.tolist() == [0]
 
 
 def test_temperature_sharpens_before_the_filters() -> None:
     row = np.log(np.array([0.5, 0.3, 0.2]))
     # at T = 0.25 the ratios to the best are (0.6)^4 = 0.13 and (0.4)^4 = 0.026
-    ids, _ = candidates(row, SamplingOptions(temperature=0.25, min_p=0.2))
+    ids, _, _ = candidates(row, SamplingOptions(temperature=0.25, min_p=0.2))
     assert ids.tolist() == [0]
-    ids, _ = candidates(row, SamplingOptions(temperature=0.25, min_p=0.1))
+    ids, _, _ = candidates(row, SamplingOptions(temperature=0.25, min_p=0.1))
     assert ids.tolist() == [0, 1]
-    ids, _ = candidates(row, SamplingOptions(temperature=1.0, min_p=0.2))
+    ids, _, _ = candidates(row, SamplingOptions(temperature=1.0, min_p=0.2))
     assert ids.tolist() == [0, 1, 2]
 
 
@@ -122,8 +123,62 @@ def test_inverse_cdf_picks_by_cumulative_mass() -> None:
 
 def test_ties_break_by_token_id() -> None:
     row = np.zeros(6)
-    ids, _ = candidates(row, SamplingOptions(temperature=1.0, top_k=3))
+    ids, _, _ = candidates(row, SamplingOptions(temperature=1.0, top_k=3))
     assert ids.tolist() == [0, 1, 2]
+
+
+def reference_draw(row: np.ndarray, options: SamplingOptions, u: float) -> int:
+    """Inverse CDF over `candidates`, which sorts the whole row: the oracle of `draw`."""
+    ids, probs, mass = candidates(row, options)
+    pick = int(np.searchsorted(np.cumsum(probs), u * mass, side="right"))
+    return int(ids[min(pick, len(ids) - 1)])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    vocab=st.integers(1, 6000),
+    spread=st.sampled_from([0.01, 0.5, 3.0, 12.0]),  # flat ... peaked
+    ties=st.booleans(),
+    temperature=st.sampled_from([0.05, 0.7, 1.0, 2.5]),
+    top_k=st.sampled_from([0, 1, 2, 50, 700, 10_000]),
+    top_p=st.sampled_from([1.0, 0.999, 0.95, 0.5, 0.01]),
+    min_p=st.sampled_from([0.0, 1e-6, 0.05, 0.5]),
+    u=st.one_of(st.floats(0.0, 1.0, exclude_max=True), st.sampled_from([0.0, 0.999999])),
+    seed=st.integers(0, 2**16),
+)
+def test_the_partial_sort_draws_what_the_full_sort_draws(
+    vocab, spread, ties, temperature, top_k, top_p, min_p, u, seed
+) -> None:
+    """`sample` sorts only the head of a row; the draw is the same token as sorting all of
+    it, bitwise, for flat rows (the draw reaches deep) and tied rows (the order by id)."""
+    row = np.random.default_rng(seed).standard_normal(vocab) * spread
+    if ties:
+        row = np.round(row)  # many equal logits
+    opts = SamplingOptions(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    assert draw(row, opts, u) == reference_draw(row, opts, u)
+
+
+@pytest.mark.parametrize(
+    "opts",
+    [
+        SamplingOptions(temperature=0.7),
+        SamplingOptions(temperature=1.0, top_k=40),
+        SamplingOptions(temperature=0.7, top_p=0.9),
+        SamplingOptions(temperature=1.0, min_p=0.02),
+        SamplingOptions(temperature=1.3, top_k=200, top_p=0.95, min_p=0.01),
+    ],
+    ids=["temperature", "top-k", "top-p", "min-p", "all"],
+)
+def test_draws_follow_the_kept_distribution(opts: SamplingOptions) -> None:
+    """Uniforms on a fine grid land on each kept token in proportion to its probability
+    among the kept ones, and never outside them (a wrong mass would pile on the last)."""
+    row = np.random.default_rng(3).standard_normal(5000) * 4.0
+    ids, probs, _ = candidates(row, opts)
+    n = 4000
+    picks = [draw(row, opts, (i + 0.5) / n) for i in range(n)]
+    assert set(picks) <= set(ids.tolist())
+    counts = np.bincount(picks, minlength=row.shape[0])[ids] / n
+    np.testing.assert_allclose(counts, probs / probs.sum(), atol=1.5 / n)
 
 
 @settings(max_examples=60, deadline=None)
