@@ -125,31 +125,25 @@ class _null:
 
 
 def read_text_file(path: str, what: str) -> str:
+    """A UTF-8 text file's contents; "-" reads standard input."""
+    if path == "-":
+        return _decode_text(sys.stdin.buffer.read(), f"{what} on standard input")
     p = Path(path)
     if not p.is_file():
         raise UsageError(f"{what} not found: {path}")
     size = p.stat().st_size
     if what == "reference" and size > MAX_REFERENCE_BYTES:
         raise UsageError(f"reference {path} is {size} bytes; the limit is {MAX_REFERENCE_BYTES}")
-    data = p.read_bytes()
+    return _decode_text(p.read_bytes(), f"{what} {path}")
+
+
+def _decode_text(data: bytes, name: str) -> str:
     if b"\0" in data[:8192]:
-        raise UsageError(f"{what} {path} is a binary file, not text")
+        raise UsageError(f"{name} is binary, not text")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise UsageError(f"{what} {path} is not UTF-8 text (byte {err.start})") from None
-
-
-def _read_stdin() -> str:
-    data = sys.stdin.buffer.read()
-    if b"\0" in data[:8192]:
-        raise UsageError("the prompt on standard input is binary, not text")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise UsageError(
-            f"the prompt on standard input is not UTF-8 text (byte {err.start})"
-        ) from None
+        raise UsageError(f"{name} is not UTF-8 text (byte {err.start})") from None
 
 
 def load_references(model: Model, paths: Sequence[str]) -> list[list[int]]:
@@ -299,10 +293,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise UsageError("give exactly one of --prompt or --prompt-file")
     if args.prompt is not None:
         text = args.prompt
-    elif args.prompt_file == "-":
-        text = _read_stdin()
     else:
-        text = read_text_file(args.prompt_file, "prompt file")
+        text = read_text_file(
+            args.prompt_file, "prompt file" if args.prompt_file != "-" else "prompt"
+        )
     if not text.strip():
         raise UsageError("the prompt is empty")
     sampling = sampling_from(args)

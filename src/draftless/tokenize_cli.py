@@ -84,7 +84,7 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_tokenize(args: argparse.Namespace) -> int:
-    text = _read(args.file)
+    text = read_text_file(args.file, "file")
     spec = resolve(args.model)
     if args.compare:
         return _compare_backends(spec, text, add_special=args.add_special)
@@ -97,18 +97,6 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
     if ids:
         sys.stdout.write("\n".join(str(t) for t in ids) + "\n")
     return 0
-
-
-def _read(path: str) -> str:
-    if path != "-":
-        return read_text_file(path, "file")
-    data = sys.stdin.buffer.read()
-    if b"\0" in data[:8192]:
-        raise UsageError("stdin is binary, not text")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise UsageError(f"stdin is not UTF-8 text (byte {err.start})") from None
 
 
 # -- loading tokenizers (the vocabulary only) ----------------------------------------------
