@@ -68,7 +68,7 @@ from draftless.decoder import DEFAULT_SOURCE, DecodeStats, SpecOptions, Speculat
 from draftless.gate import CostTable
 from draftless.models.base import Model, ModelError, StreamDecoder
 from draftless.sampling import SamplingOptions
-from draftless.stops import find_stop, held_back
+from draftless.stops import TextStops
 
 __all__ = [
     "ChatError",
@@ -491,13 +491,11 @@ class Conversation:
         before = _copy_stats(dec.stats)
         t0 = time.perf_counter()
         produced: list[int] = []  # committed by this turn's decoding
-        text = ""  # the reply text decoded so far
-        shown = 0  # characters of `text` already yielded
+        text = ""  # the reply text, once the turn ends
         reason: StopReason = "length"
-        cut: int | None = None  # where a stop sequence starts in `text`
         appended = done = False
         detok = StreamDecoder(self.tokenizer, skip_special=True)
-        hold = max((len(s) for s in self.stop_sequences), default=1) - 1
+        stops = TextStops(self.stop_sequences)
         try:
             self._check_cache()
             if keep < len(dec.history):
@@ -509,41 +507,41 @@ class Conversation:
             self._template_prompt = rendered
             if self._gate is not None:
                 self._gate.start_reply()
+            pending = ""  # text safe to show, not yet yielded
             for chunk in dec.stream(budget, self.stop_ids):
                 produced.extend(chunk)
-                start = max(0, len(text) - hold)
-                text += "".join(detok.push(t) for t in chunk if t not in self.stop_ids)
+                pending = stops.push(
+                    "".join(detok.push(t) for t in chunk if t not in self.stop_ids)
+                )
                 if chunk[-1] in self.stop_ids:
                     reason = "stop"
-                cut = find_stop(text, self.stop_sequences, start)
-                if cut is not None:
+                if stops.cut is not None:
                     reason = "stop_sequence"
                     break
-                safe = len(text) - held_back(text, self.stop_sequences)
-                if safe > shown:
-                    yield text[shown:safe]
-                    shown = safe
+                if pending:
+                    yield pending
+                    pending = ""
                 if reason == "length" and interrupt is not None and interrupt():
                     reason = "interrupted"
                     break
-            if reason != "stop_sequence":
-                start = max(0, len(text) - hold)
-                text += detok.flush()
-                cut = find_stop(text, self.stop_sequences, start)
-                if cut is not None:
+            if stops.cut is None:
+                pending += stops.push(detok.flush())
+                if stops.cut is not None:
                     reason = "stop_sequence"
-            if cut is not None:
-                produced, text = self._trim(produced, text, cut)
+                pending += stops.finish()
+            text = stops.text
+            if stops.cut is not None:
+                produced = self._trim(produced, text)
             done = True
-            if len(text) > shown:
-                yield text[shown:]
+            if pending:
+                yield pending
         except BaseException as err:
             if not done:
                 if isinstance(err, KeyboardInterrupt | GeneratorExit):
                     reason = "interrupted"
                 else:
                     reason = "error"
-                text += detok.flush()
+                text = stops.text if stops.cut is not None else stops.text + detok.flush()
             raise
         finally:
             if appended:
@@ -572,20 +570,19 @@ class Conversation:
             seconds=time.perf_counter() - t0,
         )
 
-    def _trim(self, produced: list[int], text: str, cut: int) -> tuple[list[int], str]:
-        """Cut the reply before text[cut:] (a stop sequence) and the stream with it.
+    def _trim(self, produced: list[int], kept: str) -> list[int]:
+        """Cut the stream back to the reply text `kept` (what precedes a stop sequence).
 
-        Keeps the longest prefix of `produced` whose text fits in text[:cut] and re-encodes
+        Keeps the longest prefix of `produced` whose text fits in `kept` and re-encodes
         the characters of a token that straddles the cut. Plain decoding only (no index to
         unlearn): the RNG drew for the discarded tokens, as a plain run stopping there does.
         """
-        kept = text[:cut]
         n = len(produced)
         while n > 0:
             prefix = self.tokenizer.decode(
                 [t for t in produced[:n] if t not in self.stop_ids], skip_special=True
             )
-            if len(prefix) <= cut and kept.startswith(prefix):
+            if kept.startswith(prefix):
                 break
             n -= 1
         else:
@@ -594,7 +591,7 @@ class Conversation:
         extra = [int(t) for t in self.tokenizer.encode(fragment)] if fragment else []
         self._rewind(len(self.decoder.history) - (len(produced) - n), rebuild=False)
         self.decoder.append(extra)
-        return produced[:n] + extra, kept
+        return produced[:n] + extra
 
     def _rewind(self, n: int, *, rebuild: bool) -> None:
         """Cut the committed stream back to its first n tokens."""

@@ -291,12 +291,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise UsageError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if (args.prompt is None) == (args.prompt_file is None):
         raise UsageError("give exactly one of --prompt or --prompt-file")
-    if args.prompt is not None:
-        text = args.prompt
-    else:
-        text = read_text_file(
-            args.prompt_file, "prompt file" if args.prompt_file != "-" else "prompt"
-        )
+    what = "prompt" if args.prompt_file == "-" else "prompt file"
+    text = args.prompt if args.prompt is not None else read_text_file(args.prompt_file, what)
     if not text.strip():
         raise UsageError("the prompt is empty")
     sampling = sampling_from(args)
