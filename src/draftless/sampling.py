@@ -12,7 +12,8 @@ samples only the rows it commits advances the RNG exactly as plain decoding does
 
 The draw sorts only the head of the row (the best 64 tokens, 8x more when the top-p cut or
 the draw reaches further), not all of a 49k- or 262k-token vocabulary: a full sort cost
-6 ms a row at 49k, 41 ms at 262k (benchmarks/bench_sources.py), more than a model step.
+over 10x the partial one at 49k and at 262k tokens (benchmarks/bench_sources.py, section 4),
+more than a llama.cpp step of SmolLM2.
 `candidates` is the same definition with the full sort; tests hold the two to the same
 token for every uniform.
 """
@@ -143,7 +144,7 @@ def candidates(row: np.ndarray, options: SamplingOptions) -> Candidates:
     p = np.exp(x - x.max())  # [P] in pool (id) order
     order = np.argsort(-x, kind="stable")  # best first, ties by lower id
     cum = np.cumsum(p[order])
-    keep, mass = _cut(p, cum, options, len(x))
+    keep, mass = _cut(p, cum, float(np.sum(p)), options)
     ids = order[:keep] if pool is None else pool[order[:keep]]
     return Candidates(ids, p[order[:keep]], mass)
 
@@ -161,11 +162,14 @@ def _pool(
     return pool, scaled[pool]
 
 
-def _cut(p: np.ndarray, cum: np.ndarray, options: SamplingOptions, size: int) -> tuple[int, float]:
+def _cut(
+    p: np.ndarray, cum: np.ndarray, total: float, options: SamplingOptions
+) -> tuple[int, float]:
     """How many best-first tokens of the pool are kept, and the mass the draw scales by.
-    `cum` is the best-first cumulative sum, of the whole pool or of a prefix long enough
-    to hold the top-p cut (`draw` makes sure)."""
-    total = float(np.sum(p))
+    `p` is the pool's probabilities (`total` their sum), `cum` their best-first cumulative
+    sum, of the whole pool or of a prefix long enough to hold the top-p cut (`draw` makes
+    sure)."""
+    size = p.shape[0]
     keep_p = size
     if options.top_p < 1.0:
         keep_p = min(size, int(np.searchsorted(cum, options.top_p * total, side="left")) + 1)
@@ -211,7 +215,7 @@ def draw(row: np.ndarray, options: SamplingOptions, u: float) -> int:
         if n < size and options.top_p < 1.0 and cum[-1] < options.top_p * total:
             n = min(size, 8 * n)  # the top-p cut lies further down
             continue
-        keep, mass = _cut(p, cum, options, size)
+        keep, mass = _cut(p, cum, total, options)
         target = u * mass
         if keep <= n or cum[-1] > target:
             pick = int(np.searchsorted(cum[:keep], target, side="right"))
@@ -242,8 +246,8 @@ _local = threading.local()
 
 
 def _scratch(size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Three float64 rows of `size`, reused by this thread's draws: a fresh 400 KB array
-    costs more in page faults than the arithmetic done on it (~250 us each, measured)."""
+    """Three float64 rows of `size`, reused by this thread's draws: on this machine a fresh
+    400 KB array cost more in page faults than the arithmetic done on it."""
     bufs = getattr(_local, "bufs", None)
     if bufs is None or bufs[0].shape[0] != size:
         bufs = _local.bufs = (np.empty(size), np.empty(size), np.empty(size))
