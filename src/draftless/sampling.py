@@ -246,8 +246,8 @@ _local = threading.local()
 
 
 def _scratch(size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Three float64 rows of `size`, reused by this thread's draws: on this machine a fresh
-    400 KB array cost more in page faults than the arithmetic done on it."""
+    """Three float64 rows of `size`, reused by this thread's draws, so a draw allocates no
+    vocabulary-sized array (a fresh one is page-faulted in on every call)."""
     bufs = getattr(_local, "bufs", None)
     if bufs is None or bufs[0].shape[0] != size:
         bufs = _local.bufs = (np.empty(size), np.empty(size), np.empty(size))
