@@ -58,7 +58,8 @@ from draftless.models.hf import (  # noqa: E402
     is_complete_conversion,
     save_atomically,
 )
-from draftless.models.registry import ModelSpec, resolve  # noqa: E402
+from draftless.models.base import ContextFull, ModelSpec  # noqa: E402
+from draftless.models.registry import resolve  # noqa: E402
 
 pytestmark = pytest.mark.hf
 
@@ -359,7 +360,7 @@ def test_empty_forward_and_bad_truncate(tiny_models, tokenizer):
 def test_n_ctx_is_enforced_before_the_forward(tiny_models, tokenizer):
     model = HFModel.from_model(tiny_models["llama"], tokenizer, n_ctx=5)
     model.prefill([1, 2, 3])
-    with pytest.raises(ValueError, match="n_ctx"):
+    with pytest.raises(ContextFull, match="3 \\+ 3 tokens > the context's 5"):
         model.forward([4, 5, 6])
     assert model.n_past == 3
     model.forward([4, 5])

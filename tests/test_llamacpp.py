@@ -17,7 +17,8 @@ pytest.importorskip("llama_cpp")
 
 from draftless.models.base import Model, ModelError, Tokenizer, UnsupportedModelError
 from draftless.models.llamacpp import LlamaCppModel, LlamaCppOptions, lib
-from draftless.models.registry import ModelSpec, load_model, resolve
+from draftless.models.base import ModelSpec
+from draftless.models.registry import load_model, resolve
 
 pytestmark = [pytest.mark.llamacpp, pytest.mark.slow]
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from draftless.gate import DEFAULT_COST_TABLES, CostTable
 from draftless.models.base import Model
-from draftless.models.registry import cache_dir
+from draftless.models.base import cache_dir
 
 PROBE_KS = (1, 2, 4, 8, 16, 32)
 

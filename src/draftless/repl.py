@@ -340,7 +340,7 @@ class Repl:
             import readline
         except ImportError:  # no readline (e.g. Windows): input() still works
             return
-        from draftless.models.registry import cache_dir
+        from draftless.models.base import cache_dir
 
         path = cache_dir() / "chat_history"
         self._history_file = str(path)

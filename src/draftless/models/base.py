@@ -23,18 +23,50 @@ it calls truncate(4) (cache holds 5 9 2 7) and carries 4.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from draftless.errors import UserError
 
-class ModelError(Exception):
+
+class ModelError(UserError):
     """A model cannot be loaded or used; the message is meant for the user, one line."""
 
 
 class UnsupportedModelError(ModelError):
     """The model exists but cannot serve the contract (e.g. its state cannot be rewound)."""
+
+
+class ContextFull(ModelError):
+    """A forward or prefill would pass the context size; the cache is left as it was."""
+
+    def __init__(self, n_past: int, k: int, n_ctx: int) -> None:
+        self.n_past, self.k, self.n_ctx = n_past, k, n_ctx
+        if n_past == 0:
+            message = f"the prompt is {k:,} tokens; the context holds {n_ctx:,}"
+        else:
+            message = f"context full: {n_past:,} + {k:,} tokens > the context's {n_ctx:,}"
+        super().__init__(message)
+
+
+def cache_dir() -> Path:
+    """Where draftless keeps assembled models, converted models and cost tables."""
+    root = os.environ.get("DRAFTLESS_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "draftless"
+    )
+    return Path(root)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    name: str  # what the user typed, or the registry name
+    path: Path  # a GGUF file or an HF model directory
+    is_gguf: bool
 
 
 @runtime_checkable

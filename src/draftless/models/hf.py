@@ -66,8 +66,14 @@ import transformers
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
-from draftless.models.base import ModelError, Tokenizer, UnsupportedModelError
-from draftless.models.registry import ModelSpec, cache_dir
+from draftless.models.base import (
+    ContextFull,
+    ModelError,
+    ModelSpec,
+    Tokenizer,
+    UnsupportedModelError,
+    cache_dir,
+)
 
 BACKEND = "hf"
 PREFILL_CHUNK = 512  # tokens per prefill forward: bounds the [chunk, context] attention scratch
@@ -517,9 +523,7 @@ class HFModel:
             bad = next(t for t in ids if not 0 <= t < self._id_limit)
             raise ValueError(f"token id {bad} is out of range: the vocabulary has {self._id_limit}")
         if self.n_ctx is not None and self._n_past + len(ids) > self.n_ctx:
-            raise ValueError(
-                f"context full: {self._n_past} + {len(ids)} tokens exceed n_ctx {self.n_ctx}"
-            )
+            raise ContextFull(self._n_past, len(ids), self.n_ctx)
         return ids
 
     def _append(self, ids: list[int], *, logits_to_keep: int) -> torch.Tensor:

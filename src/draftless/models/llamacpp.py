@@ -53,8 +53,14 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from llama_cpp import llama_cpp as lib
 
-from draftless.models.base import ModelError, Tokenizer, UnsupportedModelError
-from draftless.models.registry import ModelSpec
+from draftless.models.base import (
+    ContextFull,
+    ModelError,
+    ModelSpec,
+    Tokenizer,
+    UnsupportedModelError,
+    cache_dir,
+)
 
 _GGML_LOG_LEVEL_ERROR = 4  # ggml.h: NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5
 _LOG_ERRORS: collections.deque[str] = collections.deque(maxlen=8)  # recent llama.cpp errors
@@ -526,9 +532,7 @@ class LlamaCppModel:
                 bad = low if low < 0 else high
                 raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
         if self._n_past + ids.size > self.n_ctx:
-            raise ModelError(
-                f"context full: n_past + k > n_ctx ({self._n_past} + {ids.size} > {self.n_ctx})"
-            )
+            raise ContextFull(self._n_past, int(ids.size), self.n_ctx)
         return ids.astype(np.int32, copy=False)
 
     def _decode(self, ids: np.ndarray, pos0: int, *, logits: bool, restore_to: int) -> None:

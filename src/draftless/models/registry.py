@@ -12,30 +12,14 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from draftless.models.base import Model, ModelError
+from draftless.models.base import Model, ModelError, ModelSpec, cache_dir
 
 DEFAULT_MODEL = "smollm2"
 BACKENDS = ("auto", "hf", "llamacpp")
 GGUF_MAGIC = b"GGUF"
-
-
-def cache_dir() -> Path:
-    """Where draftless keeps assembled models, converted models and cost tables."""
-    root = os.environ.get("DRAFTLESS_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "draftless"
-    )
-    return Path(root)
-
-
-@dataclass(frozen=True, slots=True)
-class ModelSpec:
-    name: str  # what the user typed, or the registry name
-    path: Path  # a GGUF file or an HF model directory
-    is_gguf: bool
 
 
 def _smollm2() -> Path:
