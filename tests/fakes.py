@@ -12,6 +12,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from draftless.models.base import ContextFull
+from draftless.sources.base import Draft
+
 
 class FakeTokenizer:
     bos_token_id = None
@@ -35,14 +38,22 @@ class FakeTokenizer:
 
 class InductionModel:
     backend = "fake"
+    path = None
+    threads = 1
 
     def __init__(
-        self, vocab: int = 50, seed: int = 0, copy_strength: float = 3.0, eos: int | None = None
+        self,
+        vocab: int = 50,
+        seed: int = 0,
+        copy_strength: float = 3.0,
+        eos: int | None = None,
+        n_ctx: int | None = None,
     ) -> None:
         rng = np.random.default_rng(seed)
         self.name = f"induction-{vocab}-{seed}"
         self.vocab_size = vocab
         self.copy_strength = copy_strength
+        self.n_ctx = n_ctx  # None: no limit
         self._bigram = rng.normal(size=(vocab, vocab))  # [vocab, vocab]
         self._pos = rng.normal(scale=0.5, size=(64, vocab))  # [64, vocab] position wobble
         self._tokens: list[int] = []
@@ -78,6 +89,7 @@ class InductionModel:
         for t in ids:
             if not 0 <= t < self.vocab_size:
                 raise ValueError(f"token id {t} outside the vocabulary")
+        self._check_room(len(ids))
         self.forward_calls.append(ids)
         if self.on_forward is not None:
             self.on_forward(ids)
@@ -88,7 +100,13 @@ class InductionModel:
         return np.stack([self.row(self._tokens[: start + i + 1]) for i in range(len(ids))])
 
     def prefill(self, token_ids: Sequence[int]) -> None:
-        self._tokens.extend(int(t) for t in token_ids)
+        ids = [int(t) for t in token_ids]
+        self._check_room(len(ids))
+        self._tokens.extend(ids)
+
+    def _check_room(self, k: int) -> None:
+        if self.n_ctx is not None and len(self._tokens) + k > self.n_ctx:
+            raise ContextFull(len(self._tokens), k, self.n_ctx)
 
     def truncate(self, n: int) -> None:
         if n < 0:
@@ -104,14 +122,18 @@ class ScriptedSource:
 
     wants_topk = False
 
-    def __init__(self, propose: Callable[[list[int], int], Sequence[int]]) -> None:
-        self.propose = propose
+    def __init__(self, script: Callable[[list[int], int], Sequence[int]]) -> None:
+        self.script = script
         self.stream: list[int] = []
-        self.suggest_calls = 0
+        self.propose_calls = 0
 
-    def suggest(self, max_tokens: int) -> list[int]:
-        self.suggest_calls += 1
-        return list(self.propose(self.stream, max_tokens))[:max_tokens]
+    def member(self) -> str:
+        return "draft"
+
+    def propose(self, budget: int) -> Draft | None:
+        self.propose_calls += 1
+        tokens = [int(t) for t in self.script(self.stream, budget)][:budget]
+        return Draft(tokens, "draft") if tokens else None
 
     def observe(self, committed: Sequence[int]) -> None:
         self.stream.extend(int(t) for t in committed)

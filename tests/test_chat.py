@@ -28,6 +28,7 @@ from draftless.chat import (
 )
 from draftless.decoder import SpecOptions
 from draftless.sampling import SamplingOptions
+from draftless.sources.base import Draft
 from fakes import InductionModel, ScriptedSource, garbage_source
 
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -324,7 +325,7 @@ def test_length_limit_and_the_context_size() -> None:
     small.n_ctx = 40  # type: ignore[attr-defined]
     conv = Conversation(small)
     r = conv.send("go")
-    assert r.stop_reason == "length" and len(conv.history) <= 40
+    assert r.stop_reason == "context" and len(conv.history) == 40 + 1  # + the carried token
     with pytest.raises(ContextFullError, match="full"):
         conv.send("and now a message that does not fit at all")
     conv.check_integrity()
@@ -456,8 +457,7 @@ def test_a_reference_injected_mid_conversation_is_drafted_from_at_once() -> None
     conv.add_reference_text("preamble. " + doc)  # tokenized with the model's tokenizer
     r = conv.send("now quote it")
     assert r.text == doc
-    by_name = {s.name: s for s in conv.source_stats()}
-    assert by_name["reference[0]"].accepted > 10
+    assert r.stats.members["reference[0]"].accepted > 10
     assert r.stats.committed / r.stats.steps > 3  # several tokens per forward
     conv.check_integrity()
     conv.reset()  # references survive a reset
@@ -483,17 +483,17 @@ class RecordingIndex:
         self.stream: list[int] = []
         self.calls: list[tuple] = []
 
-    def suggest(self, max_tokens: int) -> list[int]:
-        return [9] * max_tokens
+    def member(self) -> str:
+        return "draft"
+
+    def propose(self, budget: int) -> Draft:
+        return Draft([9] * budget, "draft")
 
     def observe(self, committed) -> None:
         self.stream.extend(committed)
 
     def observe_topk(self, token_ids, topk_ids) -> None:
         self.calls.append(("topk", list(token_ids)))
-
-    def truncate_pending(self, n: int) -> None:
-        self.calls.append(("truncate_pending", n))
 
 
 def test_the_turn_gate_never_lets_the_index_learn_past_a_stop() -> None:
@@ -505,14 +505,13 @@ def test_the_turn_gate_never_lets_the_index_learn_past_a_stop() -> None:
     gate.observe([5, 2, 6, 6])
     assert index.stream == [7, 2, 8, 5, 2]
     assert ("topk", [8, 5]) in index.calls  # the row after the stop is not learned either
-    assert ("truncate_pending", 2) in index.calls
     assert gate.learned == 5 and gate.dropped == 2
-    assert gate.suggest(4) == [] and not gate.wants_topk
+    assert gate.propose(4) is None and gate.member() is None and not gate.wants_topk
     gate.observe([1])
     assert index.stream[-1] == 2
     gate.end_reply()
-    assert index.calls[-1] == ("truncate_pending", 0) and gate.wants_topk
-    assert list(gate.suggest(2)) == [9, 9]
+    assert gate.wants_topk and gate.member() == "draft"
+    assert gate.propose(2) == Draft([9, 9], "draft")
 
 
 # -- property: any mix of turns, interrupts, resets and references keeps plain == spec ------

@@ -16,11 +16,12 @@ from fakes import garbage_source, perfect_source, random_source
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from test_hf import KINDS, VOCAB, byte_tokenizer, hf_generate, tiny_model  # noqa: E402
+
 from draftless.decoder import SpecOptions, generate  # noqa: E402
 from draftless.models.hf import HFModel  # noqa: E402
 from draftless.sampling import SamplingOptions  # noqa: E402
 from draftless.sources import SpeculationIndex  # noqa: E402
-from test_hf import KINDS, VOCAB, byte_tokenizer, hf_generate, tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.hf
 ALWAYS = SpecOptions(gate=False)
@@ -100,13 +101,13 @@ def test_rows_seen_by_the_sampler_equal_plain_rows(model: HFModel) -> None:
         np.testing.assert_array_equal(rows[pos], plain_rows[pos], err_msg=f"position {pos}")
 
 
-@pytest.mark.parametrize("shadow", [True, False], ids=["shadow", "blind"])
-def test_forced_gate_trips_do_not_change_the_stream(model: HFModel, shadow: bool) -> None:
-    from draftless.gate import CostTable, GateOptions
+def test_forced_gate_trips_do_not_change_the_stream(model: HFModel) -> None:
+    from draftless.costs import CostTable
+    from draftless.gate import GateOptions
 
     ids = prompt(2)
     expected = generate(model, ids, 120, sampling=SAMPLED, stop_ids=[]).token_ids
-    gate_options = GateOptions(reprobe_after=3, reprobe_max=12, probe_steps=2, shadow_probe=shadow)
+    gate_options = GateOptions(probe_steps=2)
     opts = SpecOptions(gate_options=gate_options)
     got = generate(
         model,
@@ -119,7 +120,5 @@ def test_forced_gate_trips_do_not_change_the_stream(model: HFModel, shadow: bool
         stop_ids=[],
     )
     assert got.token_ids == expected
-    if shadow:  # so dear that the gate starts off; garbage never earns a verify
-        assert got.stats.verify_steps == 0 and got.stats.shadow_checks > 50
-    else:
-        assert got.stats.gate_off >= 1 and got.stats.gate_probes >= 2
+    # so dear that the gate starts off; garbage never earns a verify
+    assert got.stats.verify_steps == 0 and got.stats.shadow_checks > 50

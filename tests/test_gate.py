@@ -1,19 +1,17 @@
-"""The cost gate: table interpolation, live rescale, hysteresis, backoff, budget, options."""
+"""The cost gate: table interpolation, live rescale, shadow checks, budget, options."""
 
 from __future__ import annotations
 
 import pytest
 
+from draftless.costs import DEFAULT_COST_TABLES, CostTable, CostTableError
+from draftless.errors import UserError
 from draftless.gate import (
-    DEFAULT_COST_TABLES,
+    PRIOR_TOKEN_ACCEPTANCE,
     CostGate,
-    CostTable,
-    CostTableEmpty,
     GateOptions,
+    GateOptionsError,
     GateState,
-    ProbeStepsZero,
-    RateWindowTooSmall,
-    ReprobeAfterZero,
 )
 
 TABLE = CostTable((1, 2, 4, 8, 16), (1.0, 1.65, 1.42, 2.84, 4.5))
@@ -38,13 +36,14 @@ def test_cost_table_round_trips_json(tmp_path) -> None:
 @pytest.mark.parametrize(
     ("build", "error"),
     [
-        (lambda: CostTable((), ()), CostTableEmpty),
-        (lambda: GateOptions(window=1), RateWindowTooSmall),
-        (lambda: GateOptions(probe_steps=0), ProbeStepsZero),
-        (lambda: GateOptions(reprobe_after=0), ReprobeAfterZero),
+        (lambda: CostTable((), ()), CostTableError),
+        (lambda: GateOptions(window=1), GateOptionsError),
+        (lambda: GateOptions(probe_steps=0), GateOptionsError),
+        (lambda: GateOptions(scale_alpha=0), GateOptionsError),
     ],
 )
 def test_invalid_options_raise_named_errors(build, error) -> None:
+    assert issubclass(error, UserError)  # the CLI prints them as one line
     with pytest.raises(error):
         build()
 
@@ -84,11 +83,11 @@ def off_gate(**options: object) -> CostGate:
     return gate
 
 
-def test_shadow_checks_turn_an_off_gate_back_on_and_blind_probes_never_come() -> None:
+def test_shadow_checks_turn_an_off_gate_back_on_and_time_alone_never_does() -> None:
     gate = off_gate()
     for _ in range(5000):  # no blind probe, however long it waits
-        gate.record_disabled_step()
-    assert gate.state is GateState.OFF and gate.probes == 0
+        gate.record_plain()
+    assert gate.state is GateState.OFF
     cost = gate.verify_cost(9)  # 3.05: 8 of 8 accepted commits 9 (3x); 1 of 8, 2 (0.66x)
     gate.record_shadow(k=9, drafted=8, accepted=8, committed=9)
     gate.record_shadow(k=9, drafted=8, accepted=8, committed=9)
@@ -125,71 +124,6 @@ def test_shadow_evidence_sets_the_budget_while_off() -> None:
         assert gate.state is GateState.OFF
         budgets.append(gate.budget(16))
     assert budgets[0] > 4 and budgets[1] == 2
-
-
-def test_blind_mode_ignores_shadow_checks() -> None:
-    gate = off_gate(shadow_probe=False)
-    for _ in range(5):
-        gate.record_shadow(k=9, drafted=8, accepted=8, committed=9)
-    assert gate.state is GateState.OFF and gate.shadow_checks == 0
-
-
-def test_backoff_doubles_up_to_the_cap_and_a_passed_probe_resets_it() -> None:
-    opts = GateOptions(reprobe_after=4, reprobe_max=16, probe_steps=2, shadow_probe=False)
-    gate = CostGate(TABLE, opts)
-    losing_verify(gate)
-    losing_verify(gate)
-    assert gate.state is GateState.OFF
-    waits = []
-    for _ in range(4):  # four failed probes: waits 4, 8, 16, 16
-        n = 0
-        while not gate.allows():
-            gate.record_disabled_step()
-            n += 1
-        waits.append(n)
-        assert gate.state is GateState.PROBE
-        losing_verify(gate)
-        losing_verify(gate)
-        assert gate.state is GateState.OFF
-    assert waits == [4, 8, 16, 16]
-    while not gate.allows():
-        gate.record_disabled_step()
-    winning_verify(gate)
-    winning_verify(gate)
-    assert gate.state is GateState.ON and gate.turned_on == 1
-    for _ in range(opts.window):  # the probe's wins stay in the window until outweighed
-        if not gate.allows():
-            break
-        losing_verify(gate)
-    assert gate.turned_off == 2
-    n = 0
-    while not gate.allows():
-        gate.record_disabled_step()
-        n += 1
-    assert n == 4  # restarted at the base
-
-
-def test_hysteresis_probe_needs_the_margin() -> None:
-    # est = committed / cost; k = 2 costs 1.0 with this table.
-    flat = CostTable((1, 2), (1.0, 1.0))
-    blind = GateOptions(reprobe_after=1, probe_steps=2, min_window_drafted=2, shadow_probe=False)
-    gate = CostGate(flat, blind)
-    gate.record_verify(k=2, drafted=1, accepted=0, committed=1)
-    gate.record_verify(k=4, drafted=3, accepted=0, committed=1)  # est 2 / 2.0 ... cost(4)=1
-    assert gate.allows()  # est = 2 / 2 = 1.0: not below min_speedup
-    gate.record_verify(k=8, drafted=7, accepted=0, committed=0)  # est 2 / 3 < 1
-    assert not gate.allows()
-    gate.record_disabled_step()
-    assert gate.state is GateState.PROBE
-    gate.record_verify(k=2, drafted=1, accepted=0, committed=1)
-    gate.record_verify(k=2, drafted=1, accepted=1, committed=1)  # probe est 1.0 < 1.1
-    assert gate.state is GateState.OFF
-    gate.record_disabled_step()
-    gate.record_disabled_step()
-    assert gate.state is GateState.PROBE
-    gate.record_verify(k=2, drafted=1, accepted=1, committed=2)
-    gate.record_verify(k=2, drafted=1, accepted=0, committed=1)  # est 1.5 >= 1.1
-    assert gate.state is GateState.ON
 
 
 def test_live_rescale_is_clamped_and_damped() -> None:
@@ -279,14 +213,12 @@ def test_an_always_on_gate_asks_for_plain_timings_to_rescale() -> None:
 
 def test_a_gate_starts_off_where_even_the_prior_would_not_clear_the_probe_bar() -> None:
     steep, flat = DEFAULT_COST_TABLES["llamacpp"], DEFAULT_COST_TABLES["hf"]
-    assert CostGate(steep).prior_rate(16) < 1.1 < CostGate(flat).prior_rate(16)
+    prior = PRIOR_TOKEN_ACCEPTANCE
+    assert CostGate(steep).best_draft(prior, 16)[1] < 1.1 < CostGate(flat).best_draft(prior, 16)[1]
     for table, state in ((steep, GateState.OFF), (flat, GateState.ON)):
         gate = CostGate(table)
         gate.start(16)
         assert gate.state is state and gate.turned_off == 0
-    blind = CostGate(steep, GateOptions(shadow_probe=False))
-    blind.start(16)
-    assert blind.state is GateState.ON  # the record's gate always explores with verifies
     gate = CostGate(steep)
     gate.start(16)
     for _ in range(4):  # a copying source earns its first verify

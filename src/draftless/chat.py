@@ -1,74 +1,48 @@
-"""Multi-turn chat over any model and tokenizer, plain or speculative (design record §8, §9).
+"""Multi-turn chat over any model and tokenizer, plain or speculative.
 
-The committed token stream is the source of truth. The model's cache, the decoder's history
-and, with speculation, the draft index all hold exactly that stream; the list of messages
-exists only to render the chat template. One turn:
+The committed token stream is the source of truth: the model's cache, the decoder's history
+and the draft index all hold exactly that stream; the messages exist only to render the chat
+template. One turn renders the template for the messages plus the new user message, appends
+to the stream only the template's *delta* (what follows the end-of-turn token of the previous
+reply), decodes the reply, and keeps its text as the assistant message.
 
-    1. render the template for the messages so far plus the new user message;
-    2. append to the stream only the template's *delta*: what follows the end-of-turn token
-       of the previous reply (or that token too, if the reply did not end with it);
-    3. decode the reply; token-id stops end it inside the acceptance loop (no draws past a
-       stop), text stop sequences (plain decoding only) trim it;
-    4. keep the reply text as the assistant message, for the next rendering.
-
-Worked example (ChatML, `|` between tokens). Turn 1 renders and commits
+Worked example (ChatML, `|` between tokens). Turn 1 commits
 `<|im_start|>|user|\\n|hi|<|im_end|>|\\n|<|im_start|>|assistant|\\n`; the model commits
-`Hel|lo|<|im_end|>` (the stop is committed). Turn 2 renders [user hi, assistant "Hello",
-user more]. Its prefix up to turn 1's generation prompt is unchanged; the first end-of-turn
-token after it closes the assistant message, and the stream already ends with it, so the
-delta is `\\n|<|im_start|>|user|\\n|more|<|im_end|>|\\n|<|im_start|>|assistant|\\n`. The
-template's own tokenization of "Hello" (maybe `Hello`, one token) never enters the stream:
-the stream keeps `Hel|lo`, the tokens the model chose. So the stream after turn n is the
-template rendering of the conversation with each assistant message replaced by the tokens
-the model committed for it; that is what the tests check.
+`Hel|lo|<|im_end|>`. Turn 2's rendering starts with turn 1's up to its generation prompt; the
+first end-of-turn token after it closes the assistant message, which the stream already ends
+with, so the delta is `\\n|<|im_start|>|user|\\n|more|<|im_end|>|\\n|<|im_start|>|assistant|\\n`.
+The stream keeps `Hel|lo`, the tokens the model chose, not the template's tokenization of
+"Hello". A template that rewrites earlier turns cannot be diffed: the turn then *rebuilds*
+from the longest common prefix (and rebuilds the index, which cannot forget).
 
-A template that rewrites earlier turns (its rendering of the conversation so far is not a
-prefix of the next one) or that marks no end of turn with an end-of-generation id cannot
-be diffed. The turn then *rebuilds*: the stream is cut back to its longest common prefix
-with the new rendering, the rest of the rendering is appended, and the draft index is
-rebuilt from the new stream (an index cannot forget tokens). `rebuilds` counts them.
+Stops: end-of-generation ids and `extra_stop_ids` end a reply inside the decoder's acceptance
+loop, so they are exact with speculation. Text `stop_sequences` trim the reply after decoding
+and are refused with speculation (see `StopSequencesWithSpeculationError`). The context's end
+ends a reply with stop reason "context".
 
-Stops. Generation ends at the model's end-of-generation ids and at `extra_stop_ids`: token
-ids, compared inside the decoder's acceptance loop, so they are exact with speculation too.
-Text `stop_sequences` are found in the decoded text; the reply is cut before the sequence
-and the stream is cut back to the tokens that spell the kept text (the few characters of a
-token that straddles the cut are re-encoded and appended). They are refused together with
-speculation: the token that completes a sequence can be accepted in the middle of a verify
-batch, and the tokens accepted after it would have drawn from the RNG although plain
-decoding stops there, breaking the one-draw-per-committed-token contract (§2, obligation 1),
-and the index would have learned tokens the trim discards. (A one-shot run has no next
-turn: `draftless generate --stop` checks text stops token by token and is exact with
-`--spec`; see `cli.generate_text`.)
-
-The turn gate. With speculation the decoder's source is a `TurnGate` around the index: it
-passes the committed stream through, and during a reply it stops at the first stop id, so
-tokens after a stop are never learned (with this decoder none exist: the filter is a guard),
-and it drops the pending draft's accounting at the end of every turn (the next tokens are
-the template's, not the model's). `check_integrity()` asserts the invariant: the cache holds
-the stream but its last token, and the index has seen exactly the stream.
-
-Interruption. `stream(..., interrupt=flag)` checks `flag()` between decoder steps, so a step
-is never cut in half; closing the stream generator early works the same way. The turn ends
-there and keeps what was committed: the partial reply becomes the assistant message and
-the next turn's delta starts with the end-of-turn token the reply lacks. A KeyboardInterrupt
-(or any error) raised inside a step leaves the step undone (the decoder's guarantee); the
-turn is closed the same way and the exception propagates.
+Interruption: `stream(..., interrupt=flag)` polls `flag()` between decoder steps; the turn
+keeps what was committed. An exception inside a step leaves the step undone (the decoder's
+guarantee) and propagates. `check_integrity()` asserts that cache, history and index agree.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, fields
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
-from draftless.decoder import DEFAULT_SOURCE, DecodeStats, SpecOptions, SpeculativeDecoder
-from draftless.gate import CostTable
-from draftless.models.base import Model, ModelError, StreamDecoder
+from draftless.costs import CostTable
+from draftless.decoder import SpecOptions, SpeculativeDecoder
+from draftless.errors import UserError
+from draftless.metrics import DecodeStats
+from draftless.models.base import Model, ModelError
 from draftless.sampling import SamplingOptions
-from draftless.stops import TextStops
+from draftless.sources.base import Draft, DraftSource, check_source
+from draftless.sources.cascade import SpeculationIndex
+from draftless.text import StreamDecoder, TextStops
 
 __all__ = [
     "ChatError",
@@ -84,17 +58,21 @@ __all__ = [
 DEFAULT_MAX_NEW_TOKENS = 512
 
 # stop: an end-of-generation or extra stop id (committed, last in token_ids)
-# stop_sequence: a text stop sequence (trimmed away); length: max_new_tokens or the context
-# interrupted: the interrupt flag, a closed stream or Ctrl-C; error: an exception in a step
-StopReason = Literal["stop", "stop_sequence", "length", "interrupted", "error"]
+# stop_sequence: a text stop sequence (trimmed away); length: max_new_tokens; context: the
+# context is full; interrupted: the interrupt flag, a closed stream or Ctrl-C; error: an
+# exception in a step
+StopReason = Literal["stop", "stop_sequence", "length", "context", "interrupted", "error"]
 
 
-class ChatError(ValueError):
+class ChatError(UserError, ValueError):
     """A Conversation was built or used wrongly; the message says what and why."""
 
 
 class StopSequencesWithSpeculationError(ChatError):
-    """Text stop sequences cannot be combined with speculation (the one-draw contract)."""
+    """Text stop sequences cannot be combined with speculation: the token that completes a
+    sequence can be accepted in the middle of a verify batch, and the tokens accepted after it
+    would have drawn from the RNG where plain decoding stops (one draw per committed token),
+    and the index would have learned tokens the trim discards."""
 
 
 class SpeculationRequiredError(ChatError):
@@ -124,39 +102,31 @@ class TurnGate:
 
     Between replies the gate passes everything (the template's delta is committed stream
     too). During a reply it passes committed tokens up to and including the first stop id and
-    then closes: tokens after a stop are never learned, and the index is told through
-    `truncate_pending(kept)` that the pending draft's step ended there. `end_reply()` opens it
-    again and drops what is left of the pending draft's accounting.
+    then closes: tokens after a stop are never learned, and it drafts nothing until
+    `end_reply()` opens it again.
 
     Example: stop id 2, during a reply observe([5, 2, 7]) feeds [5, 2] to the index and
     drops 7; the gate then drafts nothing until end_reply().
     """
 
-    def __init__(self, index: Any, stop_ids: Iterable[int]) -> None:
+    def __init__(self, index: DraftSource, stop_ids: Iterable[int]) -> None:
+        check_source(index)
         self.index = index
         self.stop_ids = frozenset(int(t) for t in stop_ids)
         self.learned = 0  # tokens the index has seen
         self.dropped = 0  # committed tokens kept from it (after a stop)
         self._in_reply = False
         self._closed = False
-        self.wants_topk: bool = bool(getattr(index, "wants_topk", False))
-
-    def suggest(self, max_tokens: int) -> Sequence[int] | np.ndarray:
-        return [] if self._closed else self.index.suggest(max_tokens)
-
-    def select(self) -> str | None:
-        """Which member of the index would draft (see SpeculationIndex.select)."""
-        if self._closed:
-            return None
-        select = getattr(self.index, "select", None)
-        return select() if select is not None else DEFAULT_SOURCE
 
     @property
-    def last_source(self) -> str | None:
-        return getattr(self.index, "last_source", None)
+    def wants_topk(self) -> bool:
+        return self.index.wants_topk and not self._closed
 
-    def truncate_pending(self, n: int = 0) -> None:
-        self._truncate_pending(n)
+    def member(self) -> str | None:
+        return None if self._closed else self.index.member()
+
+    def propose(self, budget: int) -> Draft | None:
+        return None if self._closed else self.index.propose(budget)
 
     def observe(self, committed: Sequence[int] | np.ndarray) -> None:
         ids = [int(t) for t in committed]
@@ -165,10 +135,8 @@ class TurnGate:
             for i, t in enumerate(ids):
                 if t in self.stop_ids:
                     keep = i + 1
-                    self._set_closed(True)
+                    self._closed = True
                     break
-        if keep < len(ids):
-            self._truncate_pending(keep)
         if keep:
             self.index.observe(ids[:keep])
         self.learned += keep
@@ -187,26 +155,14 @@ class TurnGate:
 
     def start_reply(self) -> None:
         self._in_reply = True
-        self._set_closed(False)
+        self._closed = False
 
     def end_reply(self) -> None:
-        self._truncate_pending(0)
         self._in_reply = False
-        self._set_closed(False)
-
-    def _set_closed(self, closed: bool) -> None:
-        self._closed = closed
-        self.wants_topk = bool(getattr(self.index, "wants_topk", False)) and not closed
-
-    def _truncate_pending(self, n: int) -> None:
-        truncate = getattr(self.index, "truncate_pending", None)
-        if truncate is not None:
-            truncate(n)
+        self._closed = False
 
 
-def _default_index(vocab_size: int) -> Any:
-    from draftless.sources import SpeculationIndex
-
+def _default_index(vocab_size: int) -> DraftSource:
     return SpeculationIndex(vocab_size)
 
 
@@ -239,7 +195,7 @@ class Conversation:
         stop_sequences: Iterable[str] = (),
         cost_table: CostTable | None = None,
         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-        index_factory: Callable[[], Any] | None = None,
+        index_factory: Callable[[], DraftSource] | None = None,
         clock: Callable[[], float] | None = time.perf_counter,
     ) -> None:
         if (
@@ -260,7 +216,7 @@ class Conversation:
                 "stop_sequences cannot be combined with speculation: the token that completes "
                 "a sequence can be accepted in the middle of a verify batch, and the tokens "
                 "accepted after it would draw from the RNG where plain decoding stops (the "
-                "one RNG draw per committed token contract, design record §2); use "
+                "one RNG draw per committed token contract); use "
                 "extra_stop_ids (token ids, exact with speculation) or plain decoding"
             )
         if index_factory is not None and not speculation:
@@ -285,7 +241,7 @@ class Conversation:
         self.stop_ids = self.turn_end_ids | frozenset(extra)  # what ends a reply
         self._index_factory = index_factory or (lambda: _default_index(model.vocab_size))
         self._references: list[list[int]] = []
-        self._index: Any = self._index_factory() if self.speculation else None
+        self._index: DraftSource | None = self._index_factory() if self.speculation else None
         self.rebuilds = 0  # turns whose template delta could not be diffed
         self.last_reply: Reply | None = None
         self._busy = False
@@ -322,15 +278,11 @@ class Conversation:
             self._index = self._fresh_index()
         self._start()
 
-    def _fresh_index(self) -> Any:
-        reset = getattr(self._index, "reset", None)
-        if reset is not None:  # the cascade keeps its frozen references, rewinds the cursors
-            reset()
+    def _fresh_index(self) -> DraftSource:
+        if isinstance(self._index, SpeculationIndex):
+            self._index.reset()  # keeps its frozen references, rewinds the cursors
             return self._index
-        index = self._index_factory()
-        for ref in self._references:
-            index.add_reference(ref)
-        return index
+        return self._index_factory()
 
     @property
     def history(self) -> tuple[int, ...]:
@@ -338,7 +290,7 @@ class Conversation:
         return tuple(self.decoder.history)
 
     @property
-    def index(self) -> Any:
+    def index(self) -> DraftSource | None:
         """The draft index (the cascade), None without speculation."""
         return self._index
 
@@ -347,15 +299,9 @@ class Conversation:
         """Decoder statistics since the conversation started (or was reset)."""
         return self.decoder.stats
 
-    def source_stats(self) -> tuple[Any, ...]:
-        """Per-source acceptance of the cascade (name, accepted, drafted, muted ...)."""
-        stats = getattr(self._index, "stats", None)
-        return tuple(stats()) if stats is not None else ()
-
     @property
     def n_ctx(self) -> int | None:
-        n = getattr(self.model, "n_ctx", None)
-        return n if isinstance(n, int) and n > 0 else None
+        return self.model.n_ctx
 
     def check_integrity(self) -> None:
         """Raise RuntimeError unless cache, history and index agree on the committed stream."""
@@ -370,9 +316,9 @@ class Conversation:
             raise RuntimeError(
                 f"the index learned {self._gate.learned} tokens, the stream has {len(history)}"
             )
-        conversation = getattr(self._index, "conversation", None)
-        tokens = getattr(conversation, "tokens", None)
-        if tokens is not None and [int(t) for t in tokens] != list(history):
+        if isinstance(self._index, SpeculationIndex) and [
+            int(t) for t in self._index.conversation.tokens
+        ] != list(history):
             raise RuntimeError("the conversation index does not hold the committed stream")
 
     # -- references ----------------------------------------------------------------------
@@ -384,8 +330,7 @@ class Conversation:
         self._check_idle()
         if self._index is None:
             raise SpeculationRequiredError("reference documents need speculation=True")
-        add = getattr(self._index, "add_reference", None)
-        if add is None:
+        if not isinstance(self._index, SpeculationIndex):
             raise ChatError(f"the draft index {type(self._index).__name__} takes no references")
         ids = [int(t) for t in token_ids]
         if not ids:
@@ -395,20 +340,20 @@ class Conversation:
             raise ChatError(
                 f"reference token id {bad} is outside the vocabulary [0, {self.model.vocab_size})"
             )
-        slot = int(add(ids))
+        slot = self._index.add_reference(ids)
         self._references.append(ids)
         return slot
 
     def add_reference_text(self, text: str) -> int:
         """Tokenize `text` with the model's own tokenizer (the tokenize-externally contract,
-        design record §8) and inject it."""
+        so it matches the stream token for token) and inject it."""
         if not text.strip():
             raise ChatError("the reference is empty")
         return self.add_reference(self.tokenizer.encode(text))
 
     def clear_references(self) -> None:
         self._check_idle()
-        if self._index is not None and hasattr(self._index, "clear_references"):
+        if isinstance(self._index, SpeculationIndex):
             self._index.clear_references()
         self._references.clear()
 
@@ -438,16 +383,12 @@ class Conversation:
         rendered = self._render(messages)
         keep, delta = self._delta(rendered)
         size = keep + len(delta)
-        budget = self.max_new_tokens
-        if self.n_ctx is not None:
-            room = self.n_ctx - size
-            if room < 1:
-                raise ContextFullError(
-                    f"the context is full: {size} tokens with this message, the model holds "
-                    f"{self.n_ctx}; reset the conversation"
-                )
-            budget = min(budget, room)
-        return self._turn(messages, rendered, keep, delta, budget, interrupt)
+        if self.n_ctx is not None and size >= self.n_ctx:  # no room left for a reply
+            raise ContextFullError(
+                f"the context is full: {size} tokens with this message, the model holds "
+                f"{self.n_ctx}; reset the conversation"
+            )
+        return self._turn(messages, rendered, keep, delta, self.max_new_tokens, interrupt)
 
     def _render(self, messages: list[dict[str, str]]) -> list[int]:
         try:
@@ -488,7 +429,7 @@ class Conversation:
     ) -> Iterator[str]:
         self._busy = True
         dec = self.decoder
-        before = _copy_stats(dec.stats)
+        before = dec.stats.copy()
         t0 = time.perf_counter()
         produced: list[int] = []  # committed by this turn's decoding
         text = ""  # the reply text, once the turn ends
@@ -524,6 +465,8 @@ class Conversation:
                 if reason == "length" and interrupt is not None and interrupt():
                     reason = "interrupted"
                     break
+            if reason == "length" and dec.at_context_end():
+                reason = "context"
             if stops.cut is None:
                 pending += stops.push(detok.flush())
                 if stops.cut is not None:
@@ -565,7 +508,7 @@ class Conversation:
             text=text,
             token_ids=tuple(produced),
             stop_reason=reason,
-            stats=_stats_delta(self.decoder.stats, before),
+            stats=self.decoder.stats - before,
             prompt_tokens=prompt_tokens,
             seconds=time.perf_counter() - t0,
         )
@@ -618,13 +561,3 @@ class Conversation:
                 f"the model's cache holds {self.model.n_past} tokens but this conversation "
                 f"expects {expected}: another user of the model changed it"
             )
-
-
-def _copy_stats(stats: DecodeStats) -> DecodeStats:
-    return DecodeStats(**{f.name: getattr(stats, f.name) for f in fields(DecodeStats)})
-
-
-def _stats_delta(after: DecodeStats, before: DecodeStats) -> DecodeStats:
-    return DecodeStats(
-        **{f.name: getattr(after, f.name) - getattr(before, f.name) for f in fields(DecodeStats)}
-    )

@@ -28,8 +28,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from draftless.errors import UserError
 
-class OptionsError(ValueError):
+
+class OptionsError(UserError, ValueError):
     """An option is out of range; the message names it."""
 
 
@@ -158,7 +160,7 @@ def _pool(
     vocab = scaled.shape[0]
     if not 0 < options.top_k < vocab:
         return None, scaled
-    pool = np.sort(_best_first(scaled, options.top_k))  # ties at the k-th: lower ids
+    pool = np.sort(best_first(scaled, options.top_k))  # ties at the k-th: lower ids
     return pool, scaled[pool]
 
 
@@ -182,7 +184,7 @@ def _cut(
     return keep, float(np.sum(p[p >= options.min_p]))
 
 
-def _best_first(x: np.ndarray, n: int) -> np.ndarray:
+def best_first(x: np.ndarray, n: int) -> np.ndarray:
     """Positions of the n largest values of `x`, best first, ties by lower position.
 
     Without sorting the row: the n-th largest value of a strided sample (every 16th value
@@ -210,7 +212,7 @@ def draw(row: np.ndarray, options: SamplingOptions, u: float) -> int:
     total = float(np.sum(p))
     n = min(size, 64)
     while True:
-        order = _best_first(x, n)  # [n] best first
+        order = best_first(x, n)  # [n] best first
         cum = np.cumsum(p[order])
         if n < size and options.top_p < 1.0 and cum[-1] < options.top_p * total:
             n = min(size, 8 * n)  # the top-p cut lies further down

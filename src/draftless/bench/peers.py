@@ -22,7 +22,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from draftless.bench.runner import Job, Method, Run, StepStats
+from draftless.bench.runner import Job, Method, Run
+from draftless.metrics import DecodeStats
 from draftless.models.base import Model
 
 HF_PLD = (10, 3)  # transformers' prompt_lookup_num_tokens
@@ -30,8 +31,8 @@ LLAMACPP_PLD = (2, 10)  # LlamaPromptLookupDecoding(num_pred_tokens=...)
 PEER_N_CTX = 2048  # llama-cpp-python keeps n_ctx x vocab floats of logits with a draft model
 
 
-def peer_stats(calls: Sequence[int], prompt_len: int, committed: int) -> StepStats:
-    """Forward widths of one run -> StepStats. The first forward holds the prompt (and, for
+def peer_stats(calls: Sequence[int], prompt_len: int, committed: int) -> DecodeStats:
+    """Forward widths of one run -> DecodeStats. The first forward holds the prompt (and, for
     transformers, the first draft); every later one holds the last token and a draft.
 
     peer_stats([5, 3, 1], 5, 4): the prompt forward commits 1, a forward of 3 verifies a
@@ -42,7 +43,7 @@ def peer_stats(calls: Sequence[int], prompt_len: int, committed: int) -> StepSta
     verify = sum(1 for d in drafted if d > 0)
     total = sum(drafted)
     accepted = min(total, max(0, committed - len(calls)))
-    return StepStats(
+    return DecodeStats(
         steps=len(calls),
         verify_steps=verify,
         plain_steps=len(calls) - verify,
@@ -75,11 +76,11 @@ def _truncate_at_stop(tokens: list[int], stops: frozenset[int], limit: int) -> l
 # -- transformers -------------------------------------------------------------------------------
 def torch_module(model: Model) -> Any:
     """The transformers module behind an hf-backend model."""
-    for attr in ("torch_model", "hf_model", "_model"):
-        module = getattr(model, attr, None)
-        if module is not None and hasattr(module, "generate"):
-            return module
-    raise TypeError(f"{model!r} does not wrap a transformers model")
+    from draftless.models.hf import HFModel
+
+    if not isinstance(model, HFModel):
+        raise TypeError(f"{model!r} does not wrap a transformers model")
+    return model.torch_model
 
 
 class TransformersGenerate:
@@ -240,15 +241,14 @@ def llama_cpp_python_peers(
     from llama_cpp import Llama
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-    path = getattr(model, "path", None)
-    if path is None:
+    if model.path is None:
         raise TypeError(f"{model!r} has no GGUF path")
-    threads, threads_batch = _threads_of(model)
+    threads = model.threads or os.cpu_count() or 1
     common: dict[str, Any] = dict(
-        model_path=str(path),
+        model_path=str(model.path),
         n_ctx=n_ctx,
         n_threads=threads,
-        n_threads_batch=threads_batch,
+        n_threads_batch=threads,
         n_batch=512,
         verbose=False,
         flash_attn=True,
@@ -259,17 +259,6 @@ def llama_cpp_python_peers(
     methods: list[Method] = [LlamaCppPython(plain, stops, None)]
     methods += [LlamaCppPython(spec, stops, n) for n in sizes]
     return methods
-
-
-def _threads_of(model: Model) -> tuple[int, int]:
-    """The (decode, batch) thread counts of our llama.cpp context, for the peers to match."""
-    from llama_cpp import llama_cpp as lib
-
-    ctx = getattr(model, "_ctx", None)
-    if ctx:
-        return int(lib.llama_n_threads(ctx)), int(lib.llama_n_threads_batch(ctx))
-    n = int(getattr(model, "n_threads", 0) or os.cpu_count() or 1)
-    return n, n
 
 
 def transformers_peers(model: Model, sizes: Sequence[int] = HF_PLD) -> list[Method]:

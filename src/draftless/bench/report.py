@@ -28,11 +28,9 @@ from draftless.bench.runner import (
     MethodResult,
     MethodSummary,
     Settings,
-    SourceCount,
     TaskResult,
-    merge_source_counts,
 )
-from draftless.gate import CostTable
+from draftless.costs import CostTable
 
 FREE_FORM_FLOOR = 0.97  # free-form speedup target: never a loss beyond probe overhead
 PACKAGES = ("numpy", "torch", "transformers", "llama_cpp_python", "numba", "matplotlib")
@@ -159,13 +157,13 @@ def _diagnosis(task: TaskResult, table: CostTable | None) -> str:
         return ""
     s = ours.stats
     parts = []
-    if s.acceptance is not None:
+    if s.drafted:
         parts.append(f"acceptance {s.acceptance:.0%} ({s.accepted}/{s.drafted})")
     else:
         parts.append("nothing drafted")
-    if s.tokens_per_step is not None:
+    if s.steps:
         parts.append(f"{s.tokens_per_step:.2f} tok/step")
-    if s.mean_draft is not None and table is not None:
+    if s.verify_steps and table is not None:
         width = round(s.mean_draft) + 1
         cost = table.cost(width)
         parts.append(
@@ -174,27 +172,16 @@ def _diagnosis(task: TaskResult, table: CostTable | None) -> str:
         )
     steps = s.steps or 1
     parts.append(f"{s.verify_steps}/{steps} steps verified ({s.verify_steps / steps:.0%})")
-    parts.append(
-        f"gate off {s.gate_off}x, on {s.gate_on}x, probes {s.gate_probes}, "
-        f"shadow checks {s.shadow_checks}"
-    )
+    parts.append(f"gate off {s.gate_off}x, on {s.gate_on}x, shadow checks {s.shadow_checks}")
     members = []
-    for m in task_members(task):
-        text = f"{m.name} {m.accepted}/{m.drafted}"
-        if m.gate_off or m.gate_probes:
+    for name, m in sorted(s.members.items()):
+        text = f"{name} {m.accepted}/{m.drafted}"
+        if m.gate_off:
             text += f" gate off {m.gate_off}x on {m.gate_on}x"
-        if m.gate_scale is not None:
-            text += f" cost scale {m.gate_scale:.2f}"
         members.append(text)
     if members:
         parts.append("by source: " + ", ".join(members))
     return "; ".join(parts)
-
-
-def task_members(task: TaskResult) -> list[SourceCount]:
-    """draftless' per-source counts over every prompt and rep of a task (scale: median)."""
-    runs = (p.methods.get(DRAFTLESS) for p in task.prompts)
-    return list(merge_source_counts(m for r in runs if r for m in r.sources))
 
 
 # -- Markdown ------------------------------------------------------------------------------------
@@ -228,7 +215,7 @@ def markdown(result: BenchResult) -> str:
         f"{st.max_new_tokens} new tokens at most, greedy unless noted)\n\n"
     )
     w(
-        "Speedup = decode speedup, as in the design record: the method's decode tokens/s over "
+        "Speedup = decode speedup: the method's decode tokens/s over "
         "its own baseline's, where decode is everything after the first forward that follows "
         "the prompt (prefill and time to first token excluded: they are the same work with or "
         "without speculation). Median seconds over reps on the same prompt (with identical "
@@ -278,7 +265,7 @@ def _backend_md(w: Any, b: BackendResult) -> None:
         "Acceptance",
         "Tok/step",
         "Identical",
-        "Gate off/on/probes",
+        "Gate off/on/shadow",
     ]
     head += [f"{labels[p.name]} decode tok/s" for p in bases] + [labels[p.name] for p in peers]
     w("| " + " | ".join(head) + " |\n")
@@ -297,7 +284,7 @@ def _backend_md(w: Any, b: BackendResult) -> None:
             _pct(s.acceptance if s else None),
             "–" if s is None or s.tokens_per_step is None else f"{s.tokens_per_step:.2f}",
             _same_summary(ours) if ours else "–",
-            f"{s.gate_off}/{s.gate_on}/{s.gate_probes}" if s else "–",
+            f"{s.gate_off}/{s.gate_on}/{s.shadow_checks}" if s else "–",
         ]
         row += [f"{task.summary[p.name].tokens_per_second:.1f}" for p in bases]
         row += [_peer_cell(task.summary[p.name]) for p in peers]
@@ -343,7 +330,7 @@ def _same_summary(s: MethodSummary) -> str:
 
 
 def _peer_cell(s: MethodSummary) -> str:
-    acc = s.stats.acceptance if s.stats else None
+    acc = s.stats.acceptance if s.stats and s.stats.drafted else None
     same = _same_summary(s)
     return f"{_x(s.speedup)} ({_pct(acc)}, {same})"
 
@@ -351,7 +338,7 @@ def _peer_cell(s: MethodSummary) -> str:
 def _prompt_cell(r: MethodResult | None) -> str:
     if r is None:
         return "–"
-    acc = r.stats.acceptance if r.stats else None
+    acc = r.stats.acceptance if r.stats and r.stats.drafted else None
     cell = f"{_x(r.speedup)} {_pct(acc)}"
     if r.identical is False:
         cell += f" DIFFERS@{r.first_mismatch}"

@@ -8,7 +8,7 @@ their own plain baseline. Per prompt:
     warm-up      every method once, a few tokens (full mode; every method runs once on the
                  first prompt of a backend in any mode, untimed)
     rep r        every method once, the order rotated by r so drift hits all alike
-    speedup      decode speedup of method m over its baseline b, as in the design record
+    speedup      decode speedup of method m over its baseline b
                  (decode tok/s): the tokens after the first forward over the time after it,
                  (d_b / k_b) / (d_m / k_m), d = median decode seconds over reps, k = decode
                  tokens; with identical output it is d_b / d_m. Prefill is the same work with
@@ -26,15 +26,17 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, fields, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from draftless.bench.tasks import Task
+from draftless.costs import CostTable
 from draftless.decoder import SpecOptions, SpeculativeDecoder
-from draftless.gate import CostTable
+from draftless.metrics import DecodeStats
 from draftless.models.base import Model, ModelError
 from draftless.sampling import SamplingOptions
+from draftless.sources.cascade import SpeculationIndex
 
 PLAIN = "plain"
 DRAFTLESS = "draftless"
@@ -57,67 +59,12 @@ class Job:
 
 
 @dataclass(frozen=True, slots=True)
-class StepStats:
-    """Forward passes of one or more runs, in the decoder's vocabulary."""
-
-    steps: int = 0  # forwards that committed tokens (a peer's prompt forward included)
-    verify_steps: int = 0  # forwards that checked a draft
-    plain_steps: int = 0
-    committed: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    gate_off: int = 0
-    gate_on: int = 0
-    gate_probes: int = 0
-    shadow_checks: int = 0  # drafts checked against plain output while a gate was off
-
-    def __add__(self, other: StepStats) -> StepStats:
-        return StepStats(*(a + b for a, b in zip(_astuple(self), _astuple(other), strict=True)))
-
-    @classmethod
-    def of(cls, stats: Any) -> StepStats:
-        """The decoder's DecodeStats (or anything with these fields) as StepStats."""
-        return cls(*(int(getattr(stats, f.name)) for f in fields(cls)))
-
-    @property
-    def acceptance(self) -> float | None:
-        return self.accepted / self.drafted if self.drafted else None
-
-    @property
-    def tokens_per_step(self) -> float | None:
-        return self.committed / self.steps if self.steps else None
-
-    @property
-    def mean_draft(self) -> float | None:
-        return self.drafted / self.verify_steps if self.verify_steps else None
-
-
-def _astuple(s: StepStats) -> tuple[int, ...]:
-    return tuple(getattr(s, f.name) for f in fields(StepStats))
-
-
-@dataclass(frozen=True, slots=True)
-class SourceCount:
-    """One cascade member, and the decoder's cost gate for it, over one or more runs."""
-
-    name: str  # "conversation", "reference[0]", "recycling"
-    accepted: int  # as the cascade judges it at the suggest -> observe seam
-    drafted: int
-    times_muted: int  # the cascade's own per-source muting
-    gate_off: int = 0  # the decoder's gate for this member turned it off
-    gate_on: int = 0
-    gate_probes: int = 0
-    gate_scale: float | None = None  # live multiplier on C(k) at the end (median over runs)
-
-
-@dataclass(frozen=True, slots=True)
 class Run:
     token_ids: tuple[int, ...]  # generated tokens, a stop token included
     seconds: float  # wall time, prompt in -> last token out
     first_seconds: float  # wall time until the first forward after the prompt returned
     first_tokens: int  # tokens that first forward committed (> 1 if it verified a draft)
-    stats: StepStats | None = None
-    sources: tuple[SourceCount, ...] = ()
+    stats: DecodeStats | None = None  # per draft-source member in stats.members
 
     @property
     def decode_seconds(self) -> float:
@@ -149,7 +96,7 @@ class Ours:
         *,
         spec: bool,
         cost_table: CostTable,
-        max_draft: int = 16,
+        max_draft: int = SpecOptions().max_draft,
         make_source: Callable[[Model], Any] | None = None,
     ) -> None:
         self.model = model
@@ -185,37 +132,10 @@ class Ours:
                 first_seconds, first_tokens = time.perf_counter() - t0, len(chunk)
             tokens.extend(chunk)
         seconds = time.perf_counter() - t0
-        stats = StepStats.of(dec.stats)
-        members = _members(source, dec)
-        return Run(tuple(tokens), seconds, first_seconds, first_tokens, stats, members)
+        return Run(tuple(tokens), seconds, first_seconds, first_tokens, dec.stats)
 
 
-def _members(source: Any, dec: SpeculativeDecoder) -> tuple[SourceCount, ...]:
-    """The cascade's per-source counts joined with the decoder's per-source gates."""
-    gates = dict(getattr(dec, "gates", {}))
-    out = []
-    names = [st.name for st in source.stats()] if hasattr(source, "stats") else []
-    stats = {st.name: st for st in source.stats()} if names else {}
-    for name in names + [n for n in gates if n not in names]:
-        st, g = stats.get(name), gates.get(name)
-        out.append(
-            SourceCount(
-                name,
-                st.accepted if st else 0,
-                st.drafted if st else 0,
-                getattr(st, "times_muted", 0),
-                g.turned_off if g else 0,
-                g.turned_on if g else 0,
-                g.probes if g else 0,
-                g.scale if g else None,
-            )
-        )
-    return tuple(out)
-
-
-def _cascade(model: Model) -> Any:
-    from draftless.sources import SpeculationIndex
-
+def _cascade(model: Model) -> SpeculationIndex:
     return SpeculationIndex(model.vocab_size)
 
 
@@ -240,8 +160,7 @@ class MethodResult:
     # row our model gives after the plain prefix. Small (<< 1) means a near-tie that rounding
     # differences of a batched forward can flip; large means a real divergence.
     mismatch_gap: float | None
-    stats: StepStats | None  # summed over reps
-    sources: tuple[SourceCount, ...]  # per cascade member, summed over reps
+    stats: DecodeStats | None  # summed over reps, per member in stats.members
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,7 +186,7 @@ class MethodSummary:
     tokens_per_second: float  # whole task, decode tok/s
     identical: bool | None  # every prompt identical; None: not comparable
     mismatches: tuple[str, ...]  # "prompt@position" of every mismatching prompt
-    stats: StepStats | None
+    stats: DecodeStats | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -482,7 +401,7 @@ def _method_result(
         mismatch = min(found) if found else None
     stats = None
     if any(r.stats is not None for r in runs):
-        stats = sum((r.stats for r in runs if r.stats is not None), StepStats())
+        stats = sum((r.stats for r in runs if r.stats is not None), DecodeStats())
     return MethodResult(
         m.name,
         seconds,
@@ -498,36 +417,7 @@ def _method_result(
         mismatch,
         None,
         stats,
-        _sum_sources(runs),
     )
-
-
-def _sum_sources(runs: Sequence[Run]) -> tuple[SourceCount, ...]:
-    """Counts summed per member over runs; the gate scale is the median."""
-    return merge_source_counts(s for r in runs for s in r.sources)
-
-
-def merge_source_counts(counts: Iterable[SourceCount]) -> tuple[SourceCount, ...]:
-    """Counts summed per member name (first-seen order); the gate scale is the median."""
-    groups: dict[str, list[SourceCount]] = {}
-    for s in counts:
-        groups.setdefault(s.name, []).append(s)
-    out = []
-    for name, group in groups.items():
-        scales = [s.gate_scale for s in group if s.gate_scale is not None]
-        out.append(
-            SourceCount(
-                name,
-                sum(s.accepted for s in group),
-                sum(s.drafted for s in group),
-                sum(s.times_muted for s in group),
-                sum(s.gate_off for s in group),
-                sum(s.gate_on for s in group),
-                sum(s.gate_probes for s in group),
-                statistics.median(scales) if scales else None,
-            )
-        )
-    return tuple(out)
 
 
 def first_mismatch(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -598,7 +488,7 @@ def summarize(m: Method, prompts: Sequence[PromptResult]) -> MethodSummary:
         k / d if d > 0 else 0.0,
         identical,
         mismatches,
-        sum(stats, StepStats()) if stats else None,
+        sum(stats, DecodeStats()) if stats else None,
     )
 
 

@@ -10,10 +10,9 @@ A backend is duck-typed; it needs no base class. What the decoder relies on:
     truncate(n)         -> None
         Drops every cache row past n. After truncate(n) and re-appending the same tokens,
         forward returns the logits a fresh run returns.
-    n_past              number of tokens in the cache
-    vocab_size          number of logits per row
-    eos_token_ids       token ids that end a generation
-    tokenizer           see `Tokenizer`
+    n_past, n_ctx       tokens in the cache; tokens it can hold (None: no limit but memory).
+        A forward or prefill past n_ctx raises ContextFull and changes nothing.
+    name, backend, path, threads, vocab_size, eos_token_ids, tokenizer (see `Tokenizer`)
 
 Worked example (carried-token discipline of the decoder): the prompt is [5, 9, 2].
 prefill([5, 9]) leaves n_past == 2; the decoder carries 2 and, with draft [7, 7],
@@ -92,9 +91,22 @@ class Tokenizer(Protocol):
 @runtime_checkable
 class Model(Protocol):
     name: str
-    backend: str
+    backend: str  # "llamacpp", "hf", ...
     vocab_size: int
     tokenizer: Tokenizer
+
+    @property
+    def path(self) -> Path | None:
+        """The model file or directory it was loaded from (None: built in memory)."""
+        ...
+
+    @property
+    def n_ctx(self) -> int | None: ...
+
+    @property
+    def threads(self) -> int | None:
+        """CPU threads the backend computes with (None: the backend's own default)."""
+        ...
 
     @property
     def n_past(self) -> int: ...
@@ -111,41 +123,3 @@ class Model(Protocol):
     def truncate(self, n: int) -> None: ...
 
     def close(self) -> None: ...
-
-
-class StreamDecoder:
-    """Incremental detokenizer: feed token ids, get the new text they complete.
-
-    Decodes a short window of recent ids and emits the difference, holding back text
-    that ends in an incomplete UTF-8 sequence (U+FFFD) until the next token completes it.
-    Works with any tokenizer that has `decode`.
-    """
-
-    def __init__(self, tokenizer: Tokenizer, *, skip_special: bool = True) -> None:
-        self._tok = tokenizer
-        self._skip = skip_special
-        self._ids: list[int] = []
-        self._prefix_offset = 0  # ids before this index are already emitted and stable
-        self._read_offset = 0  # ids before this index have been emitted
-
-    def push(self, token_id: int) -> str:
-        self._ids.append(int(token_id))
-        prefix = self._tok.decode(
-            self._ids[self._prefix_offset : self._read_offset], skip_special=self._skip
-        )
-        full = self._tok.decode(self._ids[self._prefix_offset :], skip_special=self._skip)
-        if len(full) > len(prefix) and not full.endswith("\ufffd"):
-            new = full[len(prefix) :]
-            self._prefix_offset = self._read_offset
-            self._read_offset = len(self._ids)
-            return new
-        return ""
-
-    def flush(self) -> str:
-        """Whatever is still held back (e.g. a trailing incomplete sequence)."""
-        prefix = self._tok.decode(
-            self._ids[self._prefix_offset : self._read_offset], skip_special=self._skip
-        )
-        full = self._tok.decode(self._ids[self._prefix_offset :], skip_special=self._skip)
-        self._prefix_offset = self._read_offset = len(self._ids)
-        return full[len(prefix) :]

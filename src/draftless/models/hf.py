@@ -15,22 +15,8 @@ Where the weights come from:
                         into place, so a directory with that name is always a whole conversion;
                         later loads read its safetensors in about a second.
 
-The cache, and why every layer is a full one. transformers 5 gives a sliding-window layer
-(Gemma 2/3, Mistral, gpt-oss, ...) a `DynamicSlidingWindowLayer` that keeps only the last
-`sliding_window - 1` keys. Once a sequence is longer than the window the older keys are gone, so
-`crop` raises ("does not track past states") unless past recording is on, and recording only keeps
-what arrived since the previous `crop`: a rewind further back is still impossible. A StaticCache
-is no better (its sliding layers are ring buffers). Speculation rewinds after every verify and
-`truncate(n)` may go anywhere, so the cache here is the model's own `DynamicCache(config)` with
-every `DynamicSlidingWindowLayer` swapped for a plain `DynamicLayer`: nothing is ever dropped and
-`crop` (a slice) always works. The window is still applied, by the attention mask: a full layer's
-`get_mask_sizes` reports the whole cache at offset 0 and transformers' sliding-window mask function
-compares absolute positions (`kv > q - window`), so each query sees exactly the keys the windowed
-layer would give it. Tested against `generate` with the model's default cache on a tiny Gemma 3
-with an 8-token window over 60 tokens (bitwise equal logits), and measured on Gemma 3 270M over
-700 tokens (window 512: same 24 greedy tokens, logits within 3e-5). The price is memory and
-attention time linear in the whole context on the sliding layers; at 700 tokens a Gemma 3 270M
-step costs the same CPU time as with the default cache (111 ms, one thread).
+The cache keeps every position on every layer, so `truncate(n)` can go anywhere; see
+`rewindable_cache` for why and how the sliding window is still applied.
 
 Exactness: re-appending the same chunks after a truncate gives bitwise the logits of a fresh run;
 a verify batch forward([t0..t7]) matches eight forwards of one to 5e-5 on SmolLM2's float32
@@ -171,7 +157,26 @@ def rewindable_cache(config: Any, name: str = "model") -> DynamicCache:
     """The model's own DynamicCache with every sliding-window layer made a full one.
 
     A full layer never drops a key, so `crop` to any length works; the sliding-window attention
-    mask, which compares absolute positions, keeps the window (see the module docstring).
+    mask, which compares absolute positions, keeps the window.
+
+    Why: transformers 5 gives a sliding-window layer (Gemma 2/3, Mistral, gpt-oss, ...) a
+    `DynamicSlidingWindowLayer` that keeps only the last `sliding_window - 1` keys. Once a
+    sequence is longer than the window the older keys are gone, so `crop` raises ("does not
+    track past states") unless past recording is on, and recording only keeps what arrived
+    since the previous `crop`: a rewind further back is still impossible. A StaticCache is
+    no better (its sliding layers are ring buffers). Speculation rewinds after every verify
+    and `truncate(n)` may go anywhere, so the cache here is the model's own
+    `DynamicCache(config)` with every `DynamicSlidingWindowLayer` swapped for a plain
+    `DynamicLayer`: nothing is ever dropped and `crop` (a slice) always works. The window is
+    still applied, by the attention mask: a full layer's `get_mask_sizes` reports the whole
+    cache at offset 0 and transformers' sliding-window mask function compares absolute
+    positions (`kv > q - window`), so each query sees exactly the keys the windowed layer
+    would give it. Tested against `generate` with the model's default cache on a tiny Gemma
+    3 with an 8-token window over 60 tokens (bitwise equal logits), and measured on Gemma 3
+    270M over 700 tokens (window 512: same 24 greedy tokens, logits within 3e-5). The price
+    is memory and attention time linear in the whole context on the sliding layers; at 700
+    tokens a Gemma 3 270M step costs the same CPU time as with the default cache (111 ms,
+    one thread).
     """
     try:
         cache = DynamicCache(config=config)
@@ -339,6 +344,7 @@ class HFModel:
         prefill_chunk: int = PREFILL_CHUNK,
         n_ctx: int | None = None,
         source: str | None = None,
+        path: Path | None = None,
     ) -> None:
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
@@ -346,6 +352,7 @@ class HFModel:
             raise ValueError(f"n_ctx must be >= 1, got {n_ctx}")
         self.name = name
         self.source = source  # the file or directory the weights were read from
+        self.path = path  # the model file or directory it was loaded from
         self.n_ctx = n_ctx  # None: no limit beyond memory
         self._model: Any = model.eval()
         self._config = model.config
@@ -433,7 +440,13 @@ class HFModel:
             prefill_chunk=prefill_chunk,
             n_ctx=n_ctx,
             source=str(source),
+            path=Path(spec.path),
         )
+
+    @property
+    def threads(self) -> int:
+        """torch's intra-op threads (process-wide: torch has no per-model setting)."""
+        return int(torch.get_num_threads())
 
     @property
     def torch_model(self) -> Any:

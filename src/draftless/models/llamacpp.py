@@ -59,7 +59,6 @@ from draftless.models.base import (
     ModelSpec,
     Tokenizer,
     UnsupportedModelError,
-    cache_dir,
 )
 
 _GGML_LOG_LEVEL_ERROR = 4  # ggml.h: NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5
@@ -365,6 +364,7 @@ class LlamaCppModel:
         n_ctx_train = lib.llama_model_n_ctx_train(model)
         n_ctx = min(options.n_ctx, n_ctx_train) if n_ctx_train > 0 else options.n_ctx
         n_threads = options.n_threads or os.cpu_count() or 1
+        self.threads: int = n_threads
         params = lib.llama_context_default_params()
         params.n_ctx = n_ctx
         params.n_batch = params.n_ubatch = options.n_batch

@@ -5,18 +5,21 @@ Recycling           the Token-Recycling matrix (vocab x 8 successors from verify
 SpeculationIndex    the cascade over all of them: the DraftSource the decoder uses
 """
 
-from draftless.sources.base import DraftSource
-from draftless.sources.cascade import CascadeOptions, SourceStats, SpeculationIndex
+from draftless.sources.base import DEFAULT_MEMBER, Draft, DraftSource, Source, check_source
+from draftless.sources.cascade import CascadeOptions, SpeculationIndex
 from draftless.sources.recycling import Recycling
 from draftless.sources.sam import Cursor, FrozenIndexError, SamIndex
 
 __all__ = [
+    "DEFAULT_MEMBER",
     "CascadeOptions",
     "Cursor",
+    "Draft",
     "DraftSource",
     "FrozenIndexError",
     "Recycling",
     "SamIndex",
-    "SourceStats",
+    "Source",
     "SpeculationIndex",
+    "check_source",
 ]

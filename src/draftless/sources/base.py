@@ -1,39 +1,86 @@
-"""The draft-source protocol.
+"""The draft-source protocol: what the decoder asks of every source, and nothing more.
 
-A draft source proposes a continuation of the committed stream. It is told every committed
-token, in order, through `observe`; it never sees a token that was drafted but rejected.
-Any deterministic proposer with these methods can be plugged into the decoder.
+A source proposes a continuation of the committed stream. It is told every committed token,
+in order, through `observe`; it never sees a token that was drafted but rejected.
 
-    suggest(max_tokens) -> sequence of token ids, len <= max_tokens (may be empty)
-    observe(committed)  -> None; feeds tokens appended to the committed stream
-    wants_topk          -> bool; if False the decoder never computes top-K rows
-    observe_topk(token_ids, topk_ids) -> None; topk_ids[i] ([K] int32, best first) are the
-        most likely successors of token_ids[i] in the verify forward that just ran.
+    member()          -> str | None   which member would draft now (None: nothing to draft);
+                                      no side effects. The decoder keeps one cost gate per
+                                      member and asks first, so a member whose drafts do not
+                                      pay costs no lookup.
+    propose(budget)   -> Draft | None at most `budget` tokens, and the member that made them
+    observe(tokens)                   tokens appended to the committed stream
+    wants_topk        -> bool         False: the decoder never computes top-k rows for it
+    observe_topk(ids, topk)           topk[i] ([K] int32, best first) are the most likely
+                                      successors of ids[i] in the verify forward that just ran
 
-Worked example: committed stream [1 2 3 1 2]; a suffix-automaton source suggests [3 1 2]
-(the continuation of the earlier "1 2"). The decoder verifies it; the model commits 3 1 9;
-the decoder calls observe([3, 1, 9]).
+Worked example: committed stream [1 2 3 1 2]; a suffix-automaton source's member() is
+"conversation" and propose(3) returns Draft([3, 1, 2], "conversation", match_len=2) (the
+continuation of the earlier "1 2"). The model commits 3 1 9; the decoder calls
+observe([3, 1, 9]). Acceptance is counted by the decoder, per member, not by the source.
 
-Sources may infer acceptance at the suggest -> observe seam (the cascade does: the longest
-common prefix of its last draft and the tokens committed next, here 2 of 3), so call
-observe with exactly the committed tokens after each verify. The sources in this package
-return drafts as list[int] and raise ValueError on token ids they cannot hold.
+`Source` is a base class with the harmless defaults (one member, no top-k); subclass it and
+write `propose` and `observe`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+DEFAULT_MEMBER = "draft"  # the member name of a source that has only one
+
+
+@dataclass(frozen=True, slots=True)
+class Draft:
+    tokens: list[int]  # [d] drafted token ids
+    member: str  # the member that drafted them: the key of its cost gate and its stats
+    match_len: int = 0  # tokens of context the draft continues (0: not a match-based draft)
+
 
 @runtime_checkable
 class DraftSource(Protocol):
-    wants_topk: bool
+    @property
+    def wants_topk(self) -> bool: ...
 
-    def suggest(self, max_tokens: int) -> Sequence[int] | np.ndarray: ...
+    def member(self) -> str | None: ...
+
+    def propose(self, budget: int) -> Draft | None: ...
 
     def observe(self, committed: Sequence[int] | np.ndarray) -> None: ...
 
     def observe_topk(self, token_ids: Sequence[int] | np.ndarray, topk_ids: np.ndarray) -> None: ...
+
+
+class Source:
+    """Defaults for a one-member source that ignores top-k rows."""
+
+    wants_topk: bool = False
+
+    def member(self) -> str | None:
+        return DEFAULT_MEMBER
+
+    def propose(self, budget: int) -> Draft | None:
+        raise NotImplementedError
+
+    def observe(self, committed: Sequence[int] | np.ndarray) -> None:
+        raise NotImplementedError
+
+    def observe_topk(self, token_ids: Sequence[int] | np.ndarray, topk_ids: np.ndarray) -> None:
+        return None
+
+
+def check_source(source: object) -> None:
+    """TypeError naming what a draft source lacks (instead of an AttributeError mid-run)."""
+    missing = [
+        name
+        for name in ("wants_topk", "member", "propose", "observe", "observe_topk")
+        if not hasattr(source, name)
+    ]
+    if missing:
+        raise TypeError(
+            f"{type(source).__name__} is not a draft source: it lacks {', '.join(missing)} "
+            "(subclass draftless.sources.Source for the defaults)"
+        )

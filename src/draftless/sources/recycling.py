@@ -75,9 +75,7 @@ def _move_to_front(m, prev, tokens):
 
 
 class Recycling:
-    """A vocab x 8 int32 successor matrix; a DraftSource. See the module docstring."""
-
-    wants_topk = True
+    """A vocab x 8 int32 successor matrix, the cascade's fallback. See the module docstring."""
 
     def __init__(self, vocab_size: int) -> None:
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:

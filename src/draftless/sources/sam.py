@@ -10,7 +10,7 @@ Worked example: stream [7 1 2 9 1 2]. The longest suffix with an earlier occurre
 draft(3) == [9, 1, 2]. Past the end of the stream the draft keeps copying as if it were
 accepted (LZ77-style): for [5 5 5] the match is [5 5] ending at 1 and draft(4) == [5 5 5 5].
 
-How the self-match exclusion is exact (design record section 5):
+How the self-match exclusion is exact:
 
 * Cursor-before-extend. The match cursor advances with t_i over the automaton of t_0..t_{i-1},
   then the automaton is extended, so a successful transition proves a prior occurrence. The
@@ -38,7 +38,7 @@ Frozen mode (reference documents): freeze() forbids appends and lets any number 
 match is the longest suffix of its stream that occurs in the reference *followed by at least
 one token*, and its draft follows the last such occurrence (exact, computed at freeze).
 
-Layout (bytes per token, at the design record's ~110 B/token): per state 16 B (len, link,
+Layout (bytes per token, against a target of ~110 B/token): per state 16 B (len, link,
 sample, first edge), one global open-addressing hash table (state, token) -> next state of
 12 B slots, an 8 B per-transition edge list (token, next edge) so a state's transitions can
 be copied when it is cloned, and the 4 B/token stream. All arrays grow by 1.5x (not 2x:

@@ -4,7 +4,7 @@
     draftless tokenize --model smollm2 notes.md --compare  # identical: 1234 tokens
 
 Reference documents only help speculation if they are encoded exactly as the model encodes
-its stream (design record §8: a pre-tokenizer bug once gave 625 tokens where llama.cpp gave
+its stream (a pre-tokenizer bug once gave 625 tokens where llama.cpp gave
 500, and acceptance fell to zero). The ids printed are what `Conversation.add_reference_text`
 and `generate --spec-ref` use: the text encoded with the model's own tokenizer, without BOS
 (`--add-special` adds what the model puts first, as a prompt gets). Only the vocabulary is
@@ -28,12 +28,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from draftless.cli import UsageError, read_text_file
-from draftless.models.base import ModelError
+from draftless.cli.common import UsageError, read_text_file
+from draftless.models.base import ModelError, ModelSpec
 from draftless.models.registry import (
     BACKENDS,
     DEFAULT_MODEL,
-    ModelSpec,
     hf_available,
     llamacpp_available,
     pick_backend,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(*args: str, stdin: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -167,12 +167,14 @@ def test_generate_json_reports_text_and_speculation_stats(tmp_path: Path) -> Non
         "acceptance",
         "gate_off",
         "gate_on",
-        "sources",
+        "members",
     ):
         assert key in spec
     assert spec["committed"] == out["new_tokens"]
-    assert [s["name"] for s in spec["sources"]] == ["conversation", "reference[0]", "recycling"]
-    assert all(set(s) >= {"accepted", "drafted", "muted"} for s in spec["sources"])
+    members = spec["members"]
+    assert set(members) <= {"conversation", "reference[0]", "recycling"}
+    assert sum(m["drafted"] for m in members.values()) == spec["drafted"]
+    assert sum(m["accepted"] for m in members.values()) == spec["accepted"]
 
 
 @pytest.mark.slow
@@ -239,3 +241,56 @@ def test_probe_prints_the_table_without_storing(tmp_path: Path) -> None:
     assert [int(r[0]) for r in rows] == [1, 2, 4, 8, 16, 32]
     assert float(rows[0][1]) == 1.0 and all(float(r[1]) >= 1.0 for r in rows)
     assert not (env_cache / "costs").exists()
+
+
+# -- hardening: what a hostile new user found ------------------------------------------------
+
+
+def test_a_prompt_argument_that_is_not_utf8_is_a_one_line_error() -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "draftless", "generate", "-p", b"Hello \xff world", "-n", "4"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert_user_error(proc, "--prompt is not UTF-8", "0xff")
+
+
+def test_a_prompt_file_that_is_a_directory(tmp_path: Path) -> None:
+    assert_user_error(run("generate", "--prompt-file", str(tmp_path), "-n", "4"), "is a directory")
+
+
+@pytest.mark.slow
+@SMOLLM2
+def test_a_prompt_longer_than_the_context_says_so_in_words(tmp_path: Path) -> None:
+    prompt = tmp_path / "long.txt"
+    prompt.write_text("word " * 400)
+    proc = run("generate", "--prompt-file", str(prompt), "--n-ctx", "256", "-n", "4")
+    assert_user_error(proc, "the prompt is 40", "tokens; the context holds 256")
+
+
+@pytest.mark.slow
+@SMOLLM2
+@pytest.mark.parametrize("spec", [False, True], ids=["plain", "spec"])
+def test_a_full_context_ends_the_output_with_stop_reason_context(spec: bool) -> None:
+    """Reaching the context's end is not a user error: everything generated is printed, with
+    a note; speculation (drafts as long as allowed, no gate) ends exactly where plain ends."""
+    import json
+
+    args = ["generate", "-p", "Count: 1, 2, 3,", "-n", "1000000", "--n-ctx", "256", "--json"]
+    plain = run(*args)
+    assert plain.returncode == 0, plain.stderr
+    out = json.loads(plain.stdout)
+    assert out["stop_reason"] == "context" and out["n_ctx"] == 256
+    assert out["prompt_tokens"] + out["new_tokens"] == 256 + 1  # the last one is never cached
+    assert "context (256 tokens) is full" in plain.stderr and "Traceback" not in plain.stderr
+    if spec:
+        fast = run(*args, "--spec", "--no-gate", "--max-draft", "100000")
+        assert fast.returncode == 0, fast.stderr
+        got = json.loads(fast.stdout)
+        assert got["token_ids"] == out["token_ids"] and got["stop_reason"] == "context"
+        assert got["spec"]["drafted"] > 0
+    text = run(*args[:-1])  # text mode: the output, then the note
+    assert text.returncode == 0 and text.stdout.strip() and "is full" in text.stderr

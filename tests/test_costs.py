@@ -1,11 +1,11 @@
-"""`draftless probe`: measuring C(k), storing it, and the decoder picking it up."""
+"""Verify costs: measuring C(k), storing it, and the decoder picking it up by default."""
 
 from __future__ import annotations
 
 import pytest
 
-from draftless.gate import DEFAULT_COST_TABLES
-from draftless.probe import cost_table_for, measure, store, stored_cost_table
+from draftless.costs import DEFAULT_COST_TABLES, measure, store, stored_table, table_for
+from draftless.decoder import SpeculativeDecoder, generate
 from fakes import InductionModel
 
 
@@ -46,13 +46,13 @@ def test_measure_recovers_the_cost_curve_and_leaves_the_cache_empty() -> None:
 
 def test_stored_table_is_used_by_default_and_defaults_apply_otherwise(cache) -> None:
     model = TimedModel(vocab=3000)
-    table, origin = cost_table_for(model)
+    table, origin = table_for(model)
     assert origin == "default" and table == DEFAULT_COST_TABLES["llamacpp"]
     result = measure(model, ks=(1, 2, 4), context=8, reps=2, clock=model.clock)
     path = store(model, result)
     assert path.is_file() and path.is_relative_to(cache)
-    assert stored_cost_table(model) == result.table
-    table, origin = cost_table_for(model)
+    assert stored_table(model) == result.table
+    table, origin = table_for(model)
     assert origin == "probe" and table == result.table
     assert not list(path.parent.glob("*.tmp-*"))  # written atomically
 
@@ -61,4 +61,24 @@ def test_a_corrupt_stored_table_falls_back_to_the_default(cache) -> None:
     model = TimedModel(vocab=3000)
     path = store(model, measure(model, ks=(1, 2), context=8, reps=1, clock=model.clock))
     path.write_text("{not json")
-    assert cost_table_for(model) == (DEFAULT_COST_TABLES["llamacpp"], "default")
+    assert table_for(model) == (DEFAULT_COST_TABLES["llamacpp"], "default")
+
+
+def test_the_library_uses_a_probed_table_exactly_as_the_cli_does(cache, monkeypatch) -> None:
+    """`draftless.generate()` in a user's script consults the table `draftless probe` stored
+    for this model, with no cost_table argument."""
+    model = TimedModel(vocab=3000)
+    assert SpeculativeDecoder(model).cost_table == DEFAULT_COST_TABLES["llamacpp"]
+    result = measure(model, ks=(1, 2, 4), context=8, reps=2, clock=model.clock)
+    store(model, result)
+    assert SpeculativeDecoder(model).cost_table == result.table
+    seen = []
+    original = SpeculativeDecoder.__init__
+
+    def spy(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        original(self, *args, **kwargs)
+        seen.append(self.cost_table)
+
+    monkeypatch.setattr(SpeculativeDecoder, "__init__", spy)
+    generate(model, [1, 2, 3], 2)
+    assert seen == [result.table]

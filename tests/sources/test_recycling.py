@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from draftless.sources import DraftSource, Recycling
+from draftless.sources import Recycling
 from oracles import RecyclingOracle
 
 VOCAB = 12
@@ -29,12 +29,6 @@ def test_worked_example() -> None:
     rec.observe([7])
     assert rec.row(3).tolist() == [7, 5, 1, -1, -1, -1, -1, -1]
     assert rec.suggest(4) == []
-
-
-def test_is_a_draft_source_that_wants_topk() -> None:
-    rec = Recycling(4)
-    assert isinstance(rec, DraftSource)
-    assert rec.wants_topk
 
 
 @pytest.mark.parametrize("vocab", [1, 151_936, 262_144])

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from draftless.bench import report
-from draftless.bench.cli import bench_backend, build_result
 from draftless.bench.peers import peer_stats
 from draftless.bench.runner import DRAFTLESS, PLAIN, Settings, first_mismatch
 from draftless.bench.tasks import MIN_PROMPTS, TASK_ORDER, TaskError, load_task, load_tasks
 from draftless.cli import main
+from draftless.cli.bench import bench_backend, build_result
 from fakes import InductionModel
 
 
@@ -191,11 +191,12 @@ def test_bad_numbers_are_one_line_errors(
 def test_transformers_peers_split_prefill_from_decode() -> None:
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
+    from test_hf import byte_tokenizer, tiny_model
+
     from draftless.bench.peers import TransformersGenerate
     from draftless.bench.runner import Job
     from draftless.decoder import generate
     from draftless.models.hf import HFModel
-    from test_hf import byte_tokenizer, tiny_model
 
     model = HFModel.from_model(tiny_model("llama", seed=3), byte_tokenizer(), name="llama")
     ids = tuple((list(range(40, 48)) * 3)[:22])

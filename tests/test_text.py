@@ -7,10 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from draftless.cli import generate_text
 from draftless.decoder import SpecOptions, SpeculativeDecoder
 from draftless.sampling import SamplingOptions
-from draftless.stops import TextStops, held_back, unescape
+from draftless.text import TextStops, generate_text, held_back, unescape
 from fakes import InductionModel, garbage_source, perfect_source
 
 ALPHABET = "ab\n."

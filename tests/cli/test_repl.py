@@ -24,7 +24,7 @@ import pytest
 
 from draftless.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
 FAKE = ["-c", "import test_repl; test_repl.serve_fake()"]
 LONG_REPLY = "abcdefghij klmnopqrst " * 20
@@ -33,7 +33,7 @@ LONG_REPLY = "abcdefghij klmnopqrst " * 20
 def env(tmp_path: Path) -> dict[str, str]:
     return dict(
         os.environ,
-        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(TESTS)]),
+        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(TESTS), str(TESTS / "cli")]),
         DRAFTLESS_CACHE=str(tmp_path / "cache"),  # the readline history file goes here
         TERM="dumb",
         PYTHONUNBUFFERED="1",
@@ -44,7 +44,7 @@ def serve_fake() -> None:
     """The child of the fast tests: the REPL over a scripted model. Options in argv:
     --spec, --slow (a long reply at 50 tokens/s), -n N (max new tokens), --stop TEXT."""
     from draftless.chat import Conversation
-    from draftless.repl import Repl
+    from draftless.cli.chat import Repl
     from test_chat import ALWAYS, ScriptModel, ids
 
     argv = sys.argv[1:]

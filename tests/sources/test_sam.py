@@ -394,10 +394,10 @@ for i, t in enumerate(stream):
 index.check_integrity(deep=True)
 cascade = sources.SpeculationIndex(10)
 cascade.observe(stream)
-assert cascade.suggest(4)
+assert cascade.propose(4).tokens
 print("ok")
 """
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root / "src")}
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True

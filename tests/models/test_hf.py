@@ -20,7 +20,6 @@ What is asserted, as measured on this CPU build (torch 2.13, transformers 5.23):
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import os
 import time
@@ -47,7 +46,7 @@ from transformers import (  # noqa: E402
     Qwen3Config,
 )
 
-from draftless.models.base import Model, ModelError, UnsupportedModelError  # noqa: E402
+from draftless.models.base import ContextFull, Model, ModelError, ModelSpec, UnsupportedModelError  # noqa: E402  # noqa: E402
 from draftless.models.base import Tokenizer as TokenizerProtocol  # noqa: E402
 from draftless.models.hf import (  # noqa: E402
     CONVERTED_MARKER,
@@ -58,7 +57,6 @@ from draftless.models.hf import (  # noqa: E402
     is_complete_conversion,
     save_atomically,
 )
-from draftless.models.base import ContextFull, ModelSpec  # noqa: E402
 from draftless.models.registry import resolve  # noqa: E402
 
 pytestmark = pytest.mark.hf
@@ -554,10 +552,7 @@ def test_tokenizer_without_chat_template(tiny_models):
 
 # --- the draftless decoder on this backend --------------------------------------------------
 
-HAVE_DECODER = importlib.util.find_spec("draftless.decoder") is not None
 
-
-@pytest.mark.skipif(not HAVE_DECODER, reason="draftless.decoder is not there yet")
 @pytest.mark.parametrize("speculative", [False, True])
 def test_decoder_greedy_equals_generate(tiny, speculative):
     from draftless.decoder import SpecOptions, generate
@@ -680,7 +675,6 @@ def test_smollm2_truncate_and_verify_batches(smollm2):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not HAVE_DECODER, reason="draftless.decoder is not there yet")
 def test_smollm2_decoder_plain_and_speculative_equal_generate(smollm2):
     from draftless.decoder import SpecOptions, generate
     from draftless.sampling import SamplingOptions

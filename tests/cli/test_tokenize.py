@@ -9,13 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from draftless.cli import main
-from draftless.tokenize_cli import compare
-from test_chat import PIECES, ChatTokenizer
 from test_repl import smollm2_problem
 
-ROOT = Path(__file__).resolve().parents[1]
+from draftless.cli import main
+from draftless.cli.tokenize import compare
+from test_chat import PIECES, ChatTokenizer
+
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = (
     "Hello world! Grüße, 東京 — naïve café.\n\n"
     "def f(x):\n\treturn x ** 2  # squared\n"

@@ -27,8 +27,8 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any, TextIO
 
-from draftless.chat import ChatError, Conversation
-from draftless.cli import (
+from draftless.chat import Conversation
+from draftless.cli.common import (
     MAX_REFERENCE_BYTES,
     MAX_REFERENCES,
     UsageError,
@@ -36,15 +36,15 @@ from draftless.cli import (
     add_sampling_options,
     add_spec_options,
     add_stop_options,
+    checked_text,
     open_model,
     read_text_file,
     sampling_from,
-    spec_summary,
+    spec_from,
+    stop_texts,
 )
-from draftless.decoder import GenerationResult, SpecOptions
-from draftless.models.base import ModelError
+from draftless.errors import UserError
 from draftless.progress import Spinner
-from draftless.stops import unescape
 
 HELP = f"""commands:
   /reset        start a new conversation (reference documents are kept)
@@ -56,7 +56,6 @@ HELP = f"""commands:
 a line starting with // sends a message that starts with /"""
 
 HISTORY_LINES = 1000
-REPL_ERRORS = (UsageError, ChatError, ModelError)
 
 
 def register(subparsers: Any) -> None:
@@ -73,44 +72,32 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    if args.max_new_tokens < 1:
-        raise UsageError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if args.spec_ref and not args.spec:
-        raise UsageError("--spec-ref needs --spec")
+    options = spec_from(args)
     if args.stop and args.spec:
         raise UsageError(
             "--stop cannot be combined with --spec (a text stop could end a "
             "reply inside a verify batch); use --stop-id, which is exact"
         )
-    if len(args.spec_ref) > MAX_REFERENCES:
-        raise UsageError(f"at most {MAX_REFERENCES} references, got {len(args.spec_ref)}")
-    if args.system is not None and not args.system.strip():
+    if args.system is not None and not checked_text(args.system, "--system").strip():
         raise UsageError("--system is empty")
     documents = [(path, read_text_file(path, "reference")) for path in args.spec_ref]
     sampling = sampling_from(args)
-    options = SpecOptions(max_draft=args.max_draft, gate=not args.no_gate)
+    sequences = stop_texts(args)
     model = open_model(args)
     try:
-        from draftless.probe import cost_table_for
-
-        table, _origin = cost_table_for(model)
-        try:
-            conv = Conversation(
-                model,
-                system=args.system,
-                sampling=sampling,
-                speculation=args.spec,
-                spec_options=options,
-                extra_stop_ids=args.stop_id,
-                stop_sequences=[unescape(s) for s in args.stop],
-                cost_table=table,
-                max_new_tokens=args.max_new_tokens,
-            )
-            for path, text in documents:
-                with Spinner(f"tokenizing {path}"):
-                    conv.add_reference_text(text)
-        except ChatError as err:
-            raise UsageError(str(err)) from None
+        conv = Conversation(
+            model,
+            system=args.system,
+            sampling=sampling,
+            speculation=args.spec,
+            spec_options=options,
+            extra_stop_ids=args.stop_id,
+            stop_sequences=sequences,
+            max_new_tokens=args.max_new_tokens,
+        )
+        for path, text in documents:
+            with Spinner(f"tokenizing {path}"):
+                conv.add_reference_text(text)
         return Repl(conv).run()
     finally:
         model.close()
@@ -204,7 +191,7 @@ class Repl:
             if stripped.startswith("//"):
                 text = stripped[1:]
             self.turn(text)
-        except REPL_ERRORS as err:
+        except UserError as err:
             self._error(str(err))
         except KeyboardInterrupt:  # during a command (e.g. tokenizing a large reference)
             self._note("\n[interrupted]")
@@ -223,7 +210,7 @@ class Repl:
                     wrote = True
             except KeyboardInterrupt:  # a second Ctrl-C inside a step: the step is undone
                 pass
-            except REPL_ERRORS as err:
+            except UserError as err:
                 if wrote:
                     self.stdout.write("\n")
                 self._error(str(err))
@@ -238,21 +225,17 @@ class Repl:
         self.replies += 1
         if reply.stop_reason == "interrupted":
             self._note("[interrupted]")
-        elif reply.stop_reason == "length":
+        elif reply.stop_reason == "context":
             self._note(
-                f"[stopped at {len(reply.token_ids)} tokens: --max-new-tokens or the context size]"
+                f"[the context ({self.conv.n_ctx} tokens) is full: the reply ends here; "
+                "/reset to start a new conversation]"
             )
+        elif reply.stop_reason == "length":
+            self._note(f"[stopped at {len(reply.token_ids)} tokens: --max-new-tokens]")
         if self.conv.speculation:
-            result = GenerationResult(
-                list(reply.token_ids),
-                reply.stop_reason,
-                reply.seconds,
-                reply.stats,
-                self.conv.decoder.seed,
-            )
             self._note(
                 f"{len(reply.token_ids)} tokens, {_rate(len(reply.token_ids), reply.seconds)}; "
-                + spec_summary(result, self.conv.index)
+                + reply.stats.summary()
             )
 
     # -- commands --------------------------------------------------------------------------
@@ -298,8 +281,7 @@ class Repl:
             + f"({_rate(s.committed, self.seconds)})"
         ]
         if conv.speculation:
-            result = GenerationResult([], "length", self.seconds, s, conv.decoder.seed)
-            lines.append(spec_summary(result, conv.index))
+            lines.append(s.summary())
             lines.append(f"references: {len(conv.references)}")
         else:
             lines.append("speculation off (start with --spec to speculate)")

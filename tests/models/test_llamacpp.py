@@ -15,9 +15,15 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from draftless.models.base import Model, ModelError, Tokenizer, UnsupportedModelError
+from draftless.models.base import (
+    ContextFull,
+    Model,
+    ModelError,
+    ModelSpec,
+    Tokenizer,
+    UnsupportedModelError,
+)
 from draftless.models.llamacpp import LlamaCppModel, LlamaCppOptions, lib
-from draftless.models.base import ModelSpec
 from draftless.models.registry import load_model, resolve
 
 pytestmark = [pytest.mark.llamacpp, pytest.mark.slow]
@@ -411,7 +417,7 @@ def test_context_overflow_leaves_the_cache_alone(tiny: LlamaCppModel) -> None:
     tiny.prefill(ids[:20])
     reference = tiny.forward(ids[20:22])
     tiny.truncate(20)
-    with pytest.raises(ModelError, match=r"context full: n_past \+ k > n_ctx"):
+    with pytest.raises(ContextFull, match=rf"context full: 20 \+ {full - 19} tokens > the"):
         tiny.forward(ids[20 : full + 1])
     with pytest.raises(ModelError, match="context full"):
         tiny.prefill(ids[20 : full + 1])

@@ -37,6 +37,8 @@ from draftless.bench.runner import (
     method_info,
 )
 from draftless.bench.tasks import Task, TaskError, load_tasks, task_names
+from draftless.cli.common import MAX_DRAFT
+from draftless.errors import UsageError
 from draftless.models.base import Model, ModelError
 
 BENCH_BACKENDS = ("llamacpp", "hf", "both")
@@ -58,8 +60,6 @@ N_CTX = 2048  # prompts stay under ~900 tokens; the llama-cpp-python peers use t
 
 
 def _usage_error(message: str) -> Exception:
-    from draftless.cli import UsageError
-
     return UsageError(message)
 
 
@@ -101,7 +101,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--out", default="bench-out", help="output directory (default bench-out)")
     p.add_argument("--no-peers", action="store_true", help="skip transformers/llama-cpp-python")
-    p.add_argument("--max-draft", type=int, default=16)
+    p.add_argument("--max-draft", type=int, default=MAX_DRAFT)
     p.add_argument(
         "--probe",
         action="store_true",
@@ -198,13 +198,13 @@ def bench_backend(
     tasks: Sequence[Task],
     settings: Settings,
     *,
-    max_draft: int = 16,
+    max_draft: int = MAX_DRAFT,
     probe: bool = False,
     log: Log | None = None,
     make_source: Callable[[Model], Any] | None = None,
 ) -> BackendResult:
     """Load one model, run every task on it with ours and (if asked) the peers."""
-    from draftless.probe import cost_table_for, measure
+    from draftless.costs import measure, table_for
 
     say = log or (lambda line: print(line, file=sys.stderr, flush=True))
     t0 = time.perf_counter()
@@ -215,7 +215,7 @@ def bench_backend(
         if probe:
             table, origin = measure(model).table, "measured"
         else:
-            table, origin = cost_table_for(model)
+            table, origin = table_for(model)
         costs = ", ".join(f"C({k})={c:.2f}" for k, c in zip(table.ks, table.costs, strict=True))
         say(f"[{model.backend}] verify costs ({origin}): {costs}")
         methods: list[Method] = [

@@ -1,0 +1,41 @@
+"""The `draftless` command line: one module per subcommand, registered here.
+
+User mistakes (any `draftless.errors.UserError`: a missing model, a bad option, an
+unreadable reference) print one line, `draftless: error: ...`, and exit 2; no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from draftless.cli import bench, chat, demo, generate, probe, tokenize
+from draftless.errors import UserError
+
+SUBCOMMANDS = (generate, chat, probe, tokenize, demo, bench)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="draftless",
+        description="Lossless speculative decoding with no draft model and no training.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for module in SUBCOMMANDS:
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except UserError as err:
+        print(f"draftless: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("draftless: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0

@@ -1,0 +1,214 @@
+"""What every subcommand shares: the option groups, reading text and models, the checks.
+
+User mistakes raise `UsageError` (or any `UserError`); `cli.main` prints them as one line,
+`draftless: error: ...`, and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from draftless.decoder import SpecOptions
+from draftless.errors import UsageError
+from draftless.models.base import Model
+from draftless.models.registry import BACKENDS, DEFAULT_MODEL, REGISTRY, load_model
+from draftless.progress import Spinner
+from draftless.sampling import SamplingOptions
+from draftless.sources.cascade import CascadeOptions, SpeculationIndex
+from draftless.text import unescape
+
+MAX_REFERENCES = CascadeOptions().max_references
+MAX_REFERENCE_BYTES = 4 * 1024 * 1024  # a reference file larger than this is refused
+MAX_DRAFT = SpecOptions().max_draft
+
+__all__ = ["MAX_REFERENCES", "MAX_REFERENCE_BYTES", "UsageError"]
+
+
+# -- option groups ---------------------------------------------------------------------------
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model",
+        "-m",
+        default=DEFAULT_MODEL,
+        help=f"registry name ({', '.join(REGISTRY)}) or a path (default {DEFAULT_MODEL})",
+    )
+    p.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="auto",
+        help="auto: llama.cpp for GGUF when installed, else transformers",
+    )
+    p.add_argument("--device", default=None, help="transformers device (cpu, cuda, cuda:1)")
+    p.add_argument("--n-ctx", type=int, default=None, help="context size in tokens")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads for the model (default: the backend's; at most the cores)",
+    )
+
+
+def add_sampling_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sampling")
+    g.add_argument("--temperature", type=float, default=0.0, help="<= 0: greedy (default)")
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--min-p", type=float, default=0.0)
+    g.add_argument("--repeat-penalty", type=float, default=1.0)
+    g.add_argument("--frequency-penalty", type=float, default=0.0)
+    g.add_argument("--presence-penalty", type=float, default=0.0)
+    g.add_argument("--penalty-last-n", type=int, default=64)
+    g.add_argument("--seed", type=int, default=None)
+
+
+def add_spec_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("speculation")
+    g.add_argument("--spec", action="store_true", help="speculate (lossless)")
+    g.add_argument(
+        "--max-draft", type=int, default=MAX_DRAFT, help="draft tokens per verify at most"
+    )
+    g.add_argument(
+        "--spec-ref",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help=f"reference document to draft from (repeatable, up to {MAX_REFERENCES})",
+    )
+    g.add_argument("--no-gate", action="store_true", help="verify every draft (for measurement)")
+
+
+def add_stop_options(p: argparse.ArgumentParser, *, what: str, spec_safe: bool) -> None:
+    how = "exact with --spec too" if spec_safe else "plain decoding only"
+    p.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help=rf"text that ends {what}, left out of it (repeatable; {how}; \n \t understood)",
+    )
+    p.add_argument(
+        "--stop-id",
+        action="append",
+        type=int,
+        default=[],
+        metavar="ID",
+        help=f"token id that ends {what} (repeatable; exact with --spec)",
+    )
+
+
+# -- options -> objects ----------------------------------------------------------------------
+def sampling_from(args: argparse.Namespace) -> SamplingOptions:
+    return SamplingOptions(
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        repeat_penalty=args.repeat_penalty,
+        frequency_penalty=args.frequency_penalty,
+        presence_penalty=args.presence_penalty,
+        penalty_last_n=args.penalty_last_n,
+        seed=args.seed,
+    )
+
+
+def spec_from(args: argparse.Namespace) -> SpecOptions:
+    """SpecOptions from the speculation group, after the checks both generate and chat need."""
+    if args.spec_ref and not args.spec:
+        raise UsageError("--spec-ref needs --spec")
+    if len(args.spec_ref) > MAX_REFERENCES:
+        raise UsageError(f"at most {MAX_REFERENCES} references, got {len(args.spec_ref)}")
+    if args.max_new_tokens < 1:
+        raise UsageError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    return SpecOptions(max_draft=args.max_draft, gate=not args.no_gate)
+
+
+def stop_texts(args: argparse.Namespace) -> list[str]:
+    sequences = [unescape(checked_text(t, "--stop")) for t in args.stop]
+    if any(not t for t in sequences):
+        raise UsageError("--stop needs non-empty text")
+    return sequences
+
+
+def stop_ids_from(ids: Sequence[int], vocab_size: int) -> list[int]:
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise UsageError(f"--stop-id {bad[0]} is not a token id of this model [0, {vocab_size})")
+    return list(ids)
+
+
+def open_model(args: argparse.Namespace, *, quiet: bool = False) -> Model:
+    options: dict[str, Any] = {}
+    if args.device:
+        options["device"] = args.device
+    if args.n_ctx is not None:
+        if args.n_ctx < 1:
+            raise UsageError(f"--n-ctx must be >= 1, got {args.n_ctx}")
+        options["n_ctx"] = args.n_ctx
+    if args.threads is not None:
+        if args.threads < 1:
+            raise UsageError(f"--threads must be >= 1, got {args.threads}")
+        options["n_threads"] = args.threads
+    spinner = Spinner(f"loading {args.model}", force=False) if not quiet else None
+    with spinner or contextlib.nullcontext():
+        return load_model(args.model, backend=args.backend, **options)
+
+
+def make_source(model: Model, paths: Sequence[str]) -> SpeculationIndex:
+    """The cascade over the conversation and the reference files at `paths`."""
+    if len(paths) > MAX_REFERENCES:
+        raise UsageError(f"at most {MAX_REFERENCES} references, got {len(paths)}")
+    refs = [model.tokenizer.encode(read_text_file(p, "reference")) for p in paths]
+    return SpeculationIndex(model.vocab_size, references=refs)
+
+
+# -- text from the user ----------------------------------------------------------------------
+def checked_text(text: str, what: str) -> str:
+    """`text` from the command line, refused if it is not UTF-8 (Python keeps undecodable
+    argument bytes as lone surrogates, which no tokenizer can encode)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raw = os.fsencode(text)
+        raise UsageError(
+            f"{what} is not UTF-8 text (byte 0x{raw[err.start]:02x} at position {err.start})"
+        ) from None
+    return text
+
+
+def read_text_file(path: str, what: str) -> str:
+    """A UTF-8 text file's contents; "-" reads standard input."""
+    if path == "-":
+        return _decode_text(sys.stdin.buffer.read(), f"{what} on standard input")
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"{what} {path} is a directory, not a file")
+    if not p.is_file():
+        raise UsageError(f"{what} not found: {path}")
+    size = p.stat().st_size
+    if what == "reference" and size > MAX_REFERENCE_BYTES:
+        raise UsageError(f"reference {path} is {size} bytes; the limit is {MAX_REFERENCE_BYTES}")
+    try:
+        data = p.read_bytes()
+    except OSError as err:
+        raise UsageError(f"cannot read {what} {path}: {err.strerror}") from None
+    return _decode_text(data, f"{what} {path}")
+
+
+def _decode_text(data: bytes, name: str) -> str:
+    if b"\0" in data[:8192]:
+        raise UsageError(f"{name} is binary, not text")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UsageError(f"{name} is not UTF-8 text (byte {err.start})") from None
+
+
+def write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()

@@ -1,0 +1,106 @@
+"""`draftless generate`: one generation, plain or speculative, as text or one JSON object.
+
+Reaching the end of the context ends the run (stop reason "context", a note on stderr); the
+output and the statistics are printed as usual.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from draftless.cli.common import (
+    UsageError,
+    add_model_options,
+    add_sampling_options,
+    add_spec_options,
+    add_stop_options,
+    checked_text,
+    make_source,
+    open_model,
+    read_text_file,
+    sampling_from,
+    spec_from,
+    stop_ids_from,
+    stop_texts,
+    write,
+)
+from draftless.decoder import SpeculativeDecoder
+from draftless.text import encode_prompt, generate_text
+
+
+def register(subparsers: Any) -> None:
+    g = subparsers.add_parser("generate", help="generate text (plain, or --spec to speculate)")
+    add_model_options(g)
+    g.add_argument("--prompt", "-p")
+    g.add_argument("--prompt-file", help="read the prompt from this file (-: standard input)")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    g.add_argument("--system", help="system message (with --chat)")
+    g.add_argument("--max-new-tokens", "-n", type=int, default=128)
+    g.add_argument("--json", action="store_true", help="print one JSON object")
+    add_stop_options(g, what="the output", spec_safe=True)
+    add_sampling_options(g)
+    add_spec_options(g)
+    g.set_defaults(func=cmd_generate)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    if (args.prompt is None) == (args.prompt_file is None):
+        raise UsageError("give exactly one of --prompt or --prompt-file")
+    spec = spec_from(args)
+    if args.prompt is not None:
+        text = checked_text(args.prompt, "--prompt")
+    else:
+        what = "prompt" if args.prompt_file == "-" else "prompt file"
+        text = read_text_file(args.prompt_file, what)
+    if not text.strip():
+        raise UsageError("the prompt is empty")
+    system = checked_text(args.system, "--system") if args.system is not None else None
+    sampling = sampling_from(args)
+    sequences = stop_texts(args)
+    model = open_model(args)
+    try:
+        stops = model.eos_token_ids | frozenset(stop_ids_from(args.stop_id, model.vocab_size))
+        ids = encode_prompt(model, text, chat=args.chat, system=system)
+        source = make_source(model, args.spec_ref) if args.spec else None
+        dec = SpeculativeDecoder(model, sampling=sampling, source=source, options=spec)
+        dec.append(ids)
+        emit = None if args.json else write
+        run = generate_text(dec, args.max_new_tokens, stops, sequences, emit)
+        if emit is not None:
+            write("\n")
+        out, seconds = run.token_ids, run.seconds
+        if run.stop_reason == "context":
+            print(
+                f"draftless: note: the context ({model.n_ctx} tokens) is full; "
+                f"the output ends there ({len(out)} new tokens)",
+                file=sys.stderr,
+            )
+        if args.json:
+            payload: dict[str, Any] = {
+                "text": run.text,
+                "token_ids": out,
+                "prompt_tokens": len(ids),
+                "new_tokens": len(out),
+                "seconds": round(seconds, 4),
+                "tokens_per_second": round(len(out) / seconds, 3) if seconds > 0 else None,
+                "stop_reason": run.stop_reason,
+                "seed": dec.seed,
+                "model": model.name,
+                "backend": model.backend,
+                "n_ctx": model.n_ctx,
+                "threads": model.threads,
+            }
+            if args.spec:
+                payload["spec"] = dec.stats.to_json()
+            print(json.dumps(payload, ensure_ascii=False))
+        else:
+            rate = len(out) / seconds if seconds > 0 else float("nan")
+            print(f"{len(out)} tokens in {seconds:.2f} s ({rate:.1f} tok/s)", file=sys.stderr)
+            if args.spec:
+                print(dec.stats.summary(), file=sys.stderr)
+    finally:
+        model.close()
+    return 0

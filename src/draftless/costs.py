@@ -1,0 +1,193 @@
+"""Verify costs: the table C(k), its shipped defaults, measuring it, and where it is kept.
+
+C(k) is what a forward of k new tokens costs in plain-step equivalents (C(1) = 1): the wall
+time of one forward of k divided by that of one token, at the same context length, best of
+several repetitions. `draftless probe` measures it (`measure`) and stores it per model file
+and backend (`store`); `table_for(model)` returns the stored table if there is one, else the
+backend's shipped default, and is what the decoder uses unless it is given a table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from draftless.errors import UserError
+from draftless.models.base import Model, cache_dir
+
+PROBE_KS = (1, 2, 4, 8, 16, 32)
+
+
+class CostTableError(UserError, ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class CostTable:
+    """Verify cost of a forward of k new tokens, in plain-step equivalents (C(1) is 1)."""
+
+    ks: tuple[int, ...]  # strictly increasing forward widths
+    costs: tuple[float, ...]  # plain-step equivalents, one per k
+
+    def __post_init__(self) -> None:
+        if not self.ks:
+            raise CostTableError("the cost table is empty: it needs at least one (k, cost) entry")
+        if len(self.ks) != len(self.costs):
+            raise CostTableError("cost table: ks and costs differ in length")
+        if any(k < 1 for k in self.ks) or any(
+            b <= a for a, b in zip(self.ks, self.ks[1:], strict=False)
+        ):
+            raise CostTableError(f"cost table: ks must be increasing integers >= 1, got {self.ks}")
+        if any(not math.isfinite(c) or c <= 0 for c in self.costs):
+            raise CostTableError(f"cost table: costs must be positive numbers, got {self.costs}")
+
+    @classmethod
+    def from_mapping(cls, table: Mapping[int, float]) -> CostTable:
+        items = sorted((int(k), float(c)) for k, c in table.items())
+        return cls(tuple(k for k, _ in items), tuple(c for _, c in items))
+
+    def cost(self, k: int) -> float:
+        """C(k), linearly interpolated; past the last entry, extended at the last slope
+        (or proportionally when the table has one entry); never below 1."""
+        ks, cs = self.ks, self.costs
+        if k <= ks[0]:
+            value = cs[0] if len(ks) > 1 or k == ks[0] else cs[0] * k / ks[0]
+        elif k >= ks[-1]:
+            if len(ks) == 1:
+                value = cs[0] * k / ks[0]
+            else:
+                slope = max(0.0, (cs[-1] - cs[-2]) / (ks[-1] - ks[-2]))
+                value = cs[-1] + slope * (k - ks[-1])
+        else:
+            i = next(i for i, kk in enumerate(ks) if kk >= k)
+            k0, k1, c0, c1 = ks[i - 1], ks[i], cs[i - 1], cs[i]
+            value = c0 + (c1 - c0) * (k - k0) / (k1 - k0)
+        return max(1.0, value)
+
+    def to_json(self) -> str:
+        return json.dumps({"ks": list(self.ks), "costs": list(self.costs)})
+
+    @classmethod
+    def load(cls, path: Path) -> CostTable:
+        data = json.loads(path.read_text())
+        return cls(tuple(int(k) for k in data["ks"]), tuple(float(c) for c in data["costs"]))
+
+
+# Shipped defaults, used until `draftless probe` stores a table for the model and machine.
+# Measured with SmolLM2-135M on a 2-core x86 machine: transformers fp32; llama.cpp Q4_1 built
+# for AVX2, where a batch costs nearly k single steps (no batched kernel for Q4_1 there).
+DEFAULT_COST_TABLES: dict[str, CostTable] = {
+    "hf": CostTable((1, 2, 4, 8, 16, 32), (1.0, 1.47, 1.7, 2.0, 2.5, 3.7)),
+    "llamacpp": CostTable((1, 2, 4, 8, 16, 32), (1.0, 1.7, 2.85, 5.1, 10.0, 19.7)),
+}
+
+
+def default_table(backend: str) -> CostTable:
+    """The shipped table of a backend (transformers' for a backend it does not know)."""
+    return DEFAULT_COST_TABLES.get(backend, DEFAULT_COST_TABLES["hf"])
+
+
+# -- stored tables -------------------------------------------------------------------------
+
+
+def model_key(model: Model) -> str:
+    """Identifies (backend, model file) for the cost-table cache."""
+    path = model.path
+    ident = model.name
+    if path is not None and os.path.exists(path):
+        st = os.stat(path)
+        ident = f"{os.path.abspath(path)}:{st.st_size}:{int(st.st_mtime)}"
+    digest = hashlib.sha256(ident.encode()).hexdigest()[:16]
+    base = Path(str(path or model.name)).name.replace(os.sep, "_")
+    return f"{model.backend}-{base}-{digest}"
+
+
+def table_path(model: Model) -> Path:
+    return cache_dir() / "costs" / f"{model_key(model)}.json"
+
+
+def stored_table(model: Model) -> CostTable | None:
+    try:
+        return CostTable.load(table_path(model))
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def table_for(model: Model) -> tuple[CostTable, str]:
+    """The table the decoder uses for `model`, and where it came from ("probe" or "default")."""
+    stored = stored_table(model)
+    if stored is not None:
+        return stored, "probe"
+    return default_table(model.backend), "default"
+
+
+# -- measuring -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeResult:
+    table: CostTable
+    plain_seconds: float  # best time of one plain step
+    context: int  # tokens in the cache while measuring
+    reps: int
+
+
+def measure(
+    model: Model,
+    *,
+    ks: Sequence[int] = PROBE_KS,
+    context: int = 256,
+    reps: int = 5,
+    on_progress: Callable[[int, float], None] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> ProbeResult:
+    """Time forwards of k tokens at `context` tokens of cache, truncating back after each."""
+    rng = np.random.default_rng(0)
+    vocab = model.vocab_size
+    low = min(1000, vocab // 2)
+    filler = rng.integers(low, min(vocab, low + 20000), size=context + max(ks)).tolist()
+    model.truncate(0)
+    model.prefill(filler[:context])
+    best: dict[int, float] = {}
+    for _ in range(2):  # warm-up
+        model.forward(filler[context : context + 8])
+        model.truncate(context)
+    for k in ks:
+        times = []
+        for _ in range(reps):
+            t0 = clock()
+            model.forward(filler[context : context + k])
+            times.append(clock() - t0)
+            model.truncate(context)
+        best[k] = min(times)
+        if on_progress is not None:
+            on_progress(k, best[k])
+    model.truncate(0)
+    plain = best[min(ks)]
+    table = CostTable(tuple(ks), tuple(max(1.0, best[k] / plain) if k > 1 else 1.0 for k in ks))
+    return ProbeResult(table, plain, context, reps)
+
+
+def store(model: Model, result: ProbeResult) -> Path:
+    path = table_path(model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+    data = json.loads(result.table.to_json())
+    data.update(
+        plain_seconds=result.plain_seconds,
+        context=result.context,
+        reps=result.reps,
+        model=model.name,
+        backend=model.backend,
+    )
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
+    return path
