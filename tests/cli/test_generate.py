@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -294,3 +296,67 @@ def test_a_full_context_ends_the_output_with_stop_reason_context(spec: bool) -> 
         assert got["spec"]["drafted"] > 0
     text = run(*args[:-1])  # text mode: the output, then the note
     assert text.returncode == 0 and text.stdout.strip() and "is full" in text.stderr
+
+
+# -- a fuzz test of the options ---------------------------------------------------------------
+
+FLOATS = st.one_of(
+    st.sampled_from(["0", "1", "-1", "0.5", "1.5", "nan", "inf", "-inf", "1e308", "2"]),
+    st.floats(allow_nan=False, allow_infinity=False, width=32).map(repr),
+)
+INTS = st.one_of(
+    st.sampled_from(["0", "1", "-1", "2", "7", "64", "999", "100000", str(2**70)]),
+    st.integers(-5, 300).map(str),
+)
+OPTIONS = {
+    "--temperature": FLOATS,
+    "--top-k": INTS,
+    "--top-p": FLOATS,
+    "--min-p": FLOATS,
+    "--repeat-penalty": FLOATS,
+    "--frequency-penalty": FLOATS,
+    "--presence-penalty": FLOATS,
+    "--penalty-last-n": INTS,
+    "--seed": INTS,
+    "--max-draft": INTS,
+    "--n-ctx": st.sampled_from(["0", "1", "8", "64", "256", "-3"]),
+    "--threads": st.sampled_from(["0", "1", "2", "-1", "999"]),
+    "--stop": st.text(st.sampled_from("ab \n.,\\<|>"), max_size=4),
+    "--stop-id": INTS,
+    "--max-new-tokens": st.sampled_from(["0", "1", "3", "12", "-2"]),
+    "--system": st.text(max_size=8),
+}
+FLAGS = ("--spec", "--no-gate", "--chat", "--json")
+PROMPTS = st.one_of(
+    st.sampled_from(["Count: 1, 2, 3,", "", "   ", "<|im_start|>user", "a" * 600]),
+    st.text(max_size=40),
+)
+
+
+@st.composite
+def command_lines(draw: st.DrawFn) -> list[str]:
+    names = draw(st.lists(st.sampled_from(sorted(OPTIONS)), max_size=5, unique=True))
+    args = [f"{name}={draw(OPTIONS[name])}" for name in names]
+    args += draw(st.lists(st.sampled_from(FLAGS), max_size=4, unique=True))
+    args.append(f"--prompt={draw(PROMPTS)}")
+    if not any(a.startswith("--max-new-tokens") for a in args):
+        args.append("--max-new-tokens=6")
+    return draw(st.permutations(args))
+
+
+@pytest.mark.slow
+@SMOLLM2
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@given(command_lines())
+def test_any_options_exit_0_with_output_or_2_with_one_line(args: list[str]) -> None:
+    """Hypothesis over the option space of `generate`, short runs on SmolLM2: never a
+    traceback, never a signal; a run either succeeds with output or is one line of error."""
+    proc = run("generate", *args, timeout=300)
+    assert proc.returncode in (0, 2), (args, proc.returncode, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr, (args, proc.stderr[-2000:])
+    if proc.returncode == 2:
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("draftless: error: "), (args, lines)
+        assert proc.stdout == ""
+    else:
+        assert proc.stdout.strip() or "0 tokens" in proc.stderr or '"new_tokens": 0' in proc.stdout

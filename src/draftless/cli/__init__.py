@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from draftless.cli import bench, chat, demo, generate, probe, tokenize
 from draftless.errors import UserError
@@ -16,12 +17,19 @@ from draftless.errors import UserError
 SUBCOMMANDS = (generate, chat, probe, tokenize, demo, bench)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors as the one line every other user mistake gets."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"draftless: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="draftless",
         description="Lossless speculative decoding with no draft model and no training.",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for module in SUBCOMMANDS:
         module.register(sub)
     return parser
