@@ -127,9 +127,6 @@ class ScriptedSource:
         self.stream: list[int] = []
         self.propose_calls = 0
 
-    def member(self) -> str:
-        return "draft"
-
     def propose(self, budget: int) -> Draft | None:
         self.propose_calls += 1
         tokens = [int(t) for t in self.script(self.stream, budget)][:budget]

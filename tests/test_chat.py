@@ -40,7 +40,7 @@ PIECES = (
 )  # fmt: skip
 VOCAB = len(PIECES)
 ID = {p: i for i, p in enumerate(PIECES)}
-ALWAYS = SpecOptions(gate=False)  # verify every draft: the chat layer, not the gate, under test
+ALWAYS = SpecOptions(gate=False, max_draft=16)  # verify every draft: the chat layer under test
 
 
 class ChatTokenizer:
@@ -483,9 +483,6 @@ class RecordingIndex:
         self.stream: list[int] = []
         self.calls: list[tuple] = []
 
-    def member(self) -> str:
-        return "draft"
-
     def propose(self, budget: int) -> Draft:
         return Draft([9] * budget, "draft")
 
@@ -506,11 +503,11 @@ def test_the_turn_gate_never_lets_the_index_learn_past_a_stop() -> None:
     assert index.stream == [7, 2, 8, 5, 2]
     assert ("topk", [8, 5]) in index.calls  # the row after the stop is not learned either
     assert gate.learned == 5 and gate.dropped == 2
-    assert gate.propose(4) is None and gate.member() is None and not gate.wants_topk
+    assert gate.propose(4) is None and not gate.wants_topk
     gate.observe([1])
     assert index.stream[-1] == 2
     gate.end_reply()
-    assert gate.wants_topk and gate.member() == "draft"
+    assert gate.wants_topk
     assert gate.propose(2) == Draft([9, 9], "draft")
 
 

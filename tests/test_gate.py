@@ -12,6 +12,8 @@ from draftless.gate import (
     GateOptions,
     GateOptionsError,
     GateState,
+    evidence_bucket,
+    prior_acceptance,
 )
 
 TABLE = CostTable((1, 2, 4, 8, 16), (1.0, 1.65, 1.42, 2.84, 4.5))
@@ -250,3 +252,29 @@ def test_a_shadow_turn_on_that_does_not_hold_doubles_the_evidence_needed() -> No
         winning_verify(gate)
     lose_until_off()
     assert turn_on_with_passing_checks() == 3  # back to the base
+
+
+# -- evidence buckets -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("match_len", "bucket"),
+    [(0, None), (1, "1"), (2, "2"), (3, "3-4"), (4, "3-4"), (5, "5-8"), (8, "5-8"),
+     (9, "9-16"), (16, "9-16"), (17, "17+"), (500, "17+")],
+)  # fmt: skip
+def test_evidence_buckets(match_len: int, bucket: str | None) -> None:
+    assert evidence_bucket(match_len) == bucket
+
+
+def test_priors_grow_with_the_match_and_a_long_match_starts_on_where_a_short_one_does_not() -> None:
+    priors = [prior_acceptance(b) for b in (None, "1", "2", "3-4", "5-8", "9-16", "17+")][1:]
+    assert priors == sorted(priors) and all(0 < p < 1 for p in priors)
+    steep = DEFAULT_COST_TABLES["llamacpp"]
+    long_match = CostGate(steep, prior=prior_acceptance("17+"))
+    short_match = CostGate(steep, prior=prior_acceptance("2"))
+    long_match.start(64)
+    short_match.start(64)
+    assert long_match.allows() and not short_match.allows()
+    assert long_match.budget(64) > short_match.budget(64) >= 2
+    with pytest.raises(GateOptionsError, match="prior"):
+        CostGate(steep, prior=1.0)

@@ -122,9 +122,6 @@ class TurnGate:
     def wants_topk(self) -> bool:
         return self.index.wants_topk and not self._closed
 
-    def member(self) -> str | None:
-        return None if self._closed else self.index.member()
-
     def propose(self, budget: int) -> Draft | None:
         return None if self._closed else self.index.propose(budget)
 

@@ -10,9 +10,12 @@ The cache holds every committed token but the last one, the *carried* token. One
     advances exactly as in plain decoding: one draw per committed token.
     model.truncate(...) drops the rows of rejected drafts; the last committed token is carried.
 
-A draft shorter than `min_draft`, or one whose member's cost gate is off (gate.py), is a
-plain step: a forward of the carried token alone. Plain decoding is this loop with no source.
-Drafts never pass the room left in the context, and a run ends where the context ends
+A draft shorter than `min_draft`, or one whose cost gate is off, is a plain step: a forward
+of the carried token alone. There is one gate per member of the source and evidence bucket
+(the length of the match behind the draft; gate.py), named "conversation/9-16"; it sets the
+draft's length. While a gate is off its drafts are still taken and checked against what plain
+decoding commits (shadow checks), at no cost to the stream. Plain decoding is this loop with
+no source. Drafts never pass the room left in the context, and a run ends where the context ends
 (stop reason "context"), exactly where plain decoding ends.
 
 Who uses a model's cache: the decoder that last stepped on it. A decoder made on a model
@@ -34,13 +37,14 @@ import numpy as np
 
 from draftless.costs import CostTable, table_for
 from draftless.errors import UserError
-from draftless.gate import CostGate, GateOptions
+from draftless.gate import CostGate, GateOptions, evidence_bucket, prior_acceptance
 from draftless.metrics import DecodeStats
 from draftless.models.base import ContextFull, Model
 from draftless.sampling import SamplingOptions, best_first, make_rng, sample
 from draftless.sources.base import Draft, DraftSource, check_source
 
 TOPK = 8  # candidates per row handed to sources that want them (the recycling width)
+MAX_SHADOWS = 8  # shadow drafts waiting to be settled at once
 
 # (position in the committed stream of the token this row decides, pre-penalty row [vocab])
 VerifyRowHook = Callable[[int, np.ndarray], None]
@@ -52,7 +56,7 @@ class DecoderOptionsError(UserError, ValueError):
 
 @dataclass(frozen=True, slots=True)
 class SpecOptions:
-    max_draft: int = 16  # drafted tokens per verify at most
+    max_draft: int = 64  # drafted tokens per verify at most (the gate picks the length)
     min_draft: int = 2  # shorter drafts fall back to a plain step
     gate: bool = True  # False: verify every draft, whatever it costs
     gate_options: GateOptions = field(default_factory=GateOptions)
@@ -62,6 +66,14 @@ class SpecOptions:
             raise DecoderOptionsError(f"max_draft must be >= 1, got {self.max_draft}")
         if self.min_draft < 1:
             raise DecoderOptionsError(f"min_draft must be >= 1, got {self.min_draft}")
+
+
+@dataclass(frozen=True, slots=True)
+class _Shadow:
+    name: str  # the gate's name
+    gate: CostGate
+    draft: Draft
+    at: int  # the stream position the draft continues
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,8 +150,8 @@ class SpeculativeDecoder:
         self.history: list[int] = []  # every committed token, prompt included
         self.carried: int | None = None  # last committed token, not yet in the cache
         self.stats = DecodeStats()
-        # A draft made while its gate was off: (gate, member, draft, stream position).
-        self._shadow: tuple[CostGate, str, list[int], int] | None = None
+        # Drafts made while their gate was off, waiting for the stream to settle them.
+        self._shadows: list[_Shadow] = []
         self._claim = _claim_of(model)
         with self._claim.lock:  # a new decoder starts from an empty cache, its own
             model.truncate(0)
@@ -179,7 +191,7 @@ class SpeculativeDecoder:
         if n_ctx is not None and len(self.history) + len(ids) > n_ctx:
             raise ContextFull(len(self.history), len(ids), n_ctx)
         with self._owning():
-            self._shadow = None  # tokens from outside are not what the model would have made
+            self._shadows.clear()  # tokens from outside are not what the model would have made
             pending = ([self.carried] if self.carried is not None else []) + ids[:-1]
             if pending:
                 self.model.prefill(pending)
@@ -190,7 +202,7 @@ class SpeculativeDecoder:
 
     def reset(self) -> None:
         with self._owning():
-            self._shadow = None
+            self._shadows.clear()
             self.model.truncate(0)
             self.history.clear()
             self.carried = None
@@ -206,7 +218,7 @@ class SpeculativeDecoder:
             self.reset()
         elif n < len(self.history):
             with self._owning():
-                self._shadow = None
+                self._shadows.clear()
                 self.model.truncate(n - 1)
                 del self.history[n:]
                 self.carried = self.history[-1]
@@ -242,8 +254,8 @@ class SpeculativeDecoder:
         self.model.truncate(start + len(committed))  # carried + the accepted drafts
         self.carried = committed[-1]
         self._account(draft, committed, seconds, gate)
-        if self._shadow is not None:
-            self._check_shadow()
+        if self._shadows:
+            self._check_shadows()
         if self.source is not None:
             if self.source.wants_topk:
                 top = topk_rows(rows[: len(committed)], TOPK)  # [m, TOPK]
@@ -251,41 +263,39 @@ class SpeculativeDecoder:
             self.source.observe(committed)
         return committed
 
-    def _gate_for(self, name: str) -> CostGate:
+    def _gate_for(self, draft: Draft) -> tuple[str, CostGate]:
+        """The gate of a draft's member and evidence bucket, made on first use."""
+        bucket = evidence_bucket(draft.match_len)
+        name = draft.member if bucket is None else f"{draft.member}/{bucket}"
         gate = self.gates.get(name)
         if gate is None:
-            gate = self.gates[name] = CostGate(self.cost_table, self.options.gate_options)
+            prior = prior_acceptance(bucket)
+            gate = self.gates[name] = CostGate(self.cost_table, self.options.gate_options, prior)
             gate.start(self.options.max_draft)
-        return gate
+        return name, gate
 
     def _draft(self, room: int) -> tuple[Draft | None, CostGate | None]:
-        """A draft that fits its gate's budget and `room`, and that gate. (None, gate): the
-        gate refused; (None, None): nothing to draft."""
+        """A draft cut to its gate's budget and `room`, and that gate. (None, gate): the gate
+        is off (the draft became a shadow check); (None, None): nothing to draft."""
         source, opts = self.source, self.options
         if source is None or room < opts.min_draft:
             return None, None
-        name = source.member()
-        if name is None:
-            return None, None
-        gate = self._gate_for(name)
-        if opts.gate and not gate.allows():
-            self._shadow_draft(gate, name)
-            return None, gate
-        if opts.gate and self.clock is not None and gate.wants_plain_timing():
-            return None, None  # a plain step now and then keeps the live cost rescale honest
-        budget = min(room, opts.max_draft, gate.budget(opts.max_draft) if opts.gate else room)
-        proposal = source.propose(budget)
+        proposal = source.propose(min(room, opts.max_draft))
         if proposal is None:
             return None, None
-        if proposal.member != name:  # the chosen member had nothing, another one drafted
-            gate = self._gate_for(proposal.member)
-            if opts.gate and not gate.allows():
-                self._shadow_draft(gate, proposal.member, proposal)
-                return None, gate
+        name, gate = self._gate_for(proposal)
+        budget = min(room, opts.max_draft, gate.budget(opts.max_draft) if opts.gate else room)
         tokens = self._valid(proposal.tokens[:budget])
         if len(tokens) < opts.min_draft:
             return None, None
-        return Draft(tokens, proposal.member, proposal.match_len), gate
+        draft = Draft(tokens, proposal.member, proposal.match_len)
+        if opts.gate and not gate.allows():
+            if len(self._shadows) < MAX_SHADOWS:
+                self._shadows.append(_Shadow(name, gate, draft, len(self.history)))
+            return None, gate
+        if opts.gate and self.clock is not None and gate.wants_plain_timing():
+            return None, None  # a plain step now and then keeps the live cost rescale honest
+        return draft, gate
 
     def _valid(self, proposal: Sequence[int]) -> list[int]:
         """The draft up to its first token outside the vocabulary (counted as dropped)."""
@@ -298,35 +308,24 @@ class SpeculativeDecoder:
             draft.append(t)
         return draft
 
-    def _shadow_draft(self, gate: CostGate, name: str, proposal: Draft | None = None) -> None:
-        """Keep a draft to check against plain output, for a gate that is off (see gate.py).
-        One at a time."""
-        if self._shadow is not None or self.source is None:
-            return
-        if proposal is None:
-            budget = min(self.options.max_draft, gate.budget(self.options.max_draft))
-            proposal = self.source.propose(budget)
-            if proposal is None or proposal.member != name:
-                return  # another member drafted: not evidence about this gate
-            proposal = Draft(proposal.tokens[:budget], name, proposal.match_len)
-        draft = self._valid(proposal.tokens)
-        if len(draft) >= self.options.min_draft:
-            self._shadow = (gate, name, draft, len(self.history))
-
-    def _check_shadow(self) -> None:
-        """Settle the shadow draft once the committed stream decides it: at its first
-        mismatch, or when every draft token has been committed."""
-        assert self._shadow is not None
-        gate, name, draft, at = self._shadow
-        made = self.history[at : at + len(draft)]
-        pairs = enumerate(zip(made, draft, strict=False))  # made may still be shorter
-        accepted = next((i for i, (a, b) in pairs if a != b), len(made))
-        if accepted == len(made) and len(made) < len(draft):
-            return  # agrees so far; the next tokens decide
-        self._shadow = None
-        gate.record_shadow(len(draft) + 1, len(draft), accepted, accepted + 1)
-        self.stats.shadow_checks += 1
-        self.stats.member(name).shadow_checks += 1
+    def _check_shadows(self) -> None:
+        """Settle each shadow draft the committed stream has decided: at its first mismatch,
+        or when every draft token has been committed. The gate learns what a verify at that
+        position would have accepted (decoding is lossless, so this is exact)."""
+        waiting = []
+        for shadow in self._shadows:
+            draft, at = shadow.draft.tokens, shadow.at
+            made = self.history[at : at + len(draft)]
+            pairs = enumerate(zip(made, draft, strict=False))  # made may still be shorter
+            accepted = next((i for i, (a, b) in pairs if a != b), len(made))
+            if accepted == len(made) and len(made) < len(draft):
+                waiting.append(shadow)  # agrees so far; the next tokens decide
+                continue
+            shadow.gate.record_shadow(len(draft) + 1, len(draft), accepted, accepted + 1)
+            self.stats.shadow_checks += 1
+            self.stats.member(shadow.draft.member).shadow_checks += 1
+            self.stats.evidence_of(shadow.name).shadow_checks += 1
+        self._shadows = waiting
         self._sync_gate_stats()
 
     def _accept(self, rows: np.ndarray, draft: list[int], stop_ids: frozenset[int]) -> list[int]:
@@ -368,23 +367,25 @@ class SpeculativeDecoder:
         s.accepted += accepted
         if n == len(tokens) + 1:
             s.bonus += 1
-        member = s.member(draft.member)
-        member.verifies += 1
-        member.drafted += len(tokens)
-        member.accepted += accepted
+        s.draft_lengths[len(tokens)] = s.draft_lengths.get(len(tokens), 0) + 1
+        name = self._gate_for(draft)[0]
+        for counts in (s.member(draft.member), s.evidence_of(name)):
+            counts.verifies += 1
+            counts.drafted += len(tokens)
+            counts.accepted += accepted
         if self.options.gate and gate is not None:
             gate.record_verify(len(tokens) + 1, len(tokens), accepted, n, seconds)
             self._sync_gate_stats()
 
     def _sync_gate_stats(self) -> None:
         for name, g in self.gates.items():
-            member = self.stats.member(name)
-            member.gate_off, member.gate_on = g.turned_off, g.turned_on
+            counts = self.stats.evidence_of(name)
+            counts.gate_off, counts.gate_on = g.turned_off, g.turned_on
         self.stats.gate_off = sum(g.turned_off for g in self.gates.values())
         self.stats.gate_on = sum(g.turned_on for g in self.gates.values())
 
     def gate_states(self) -> dict[str, str]:
-        """Each draft source member's gate: "on" or "off"."""
+        """Each gate ("conversation/9-16", "recycling", ...): "on" or "off"."""
         return {name: g.state.value for name, g in self.gates.items()}
 
     # -- a whole generation --------------------------------------------------------------

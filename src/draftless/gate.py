@@ -12,6 +12,13 @@ The table is rescaled by live timings through a clamped EWMA multiplier: one sch
 moves the estimate by at most `scale_alpha` of its clamped deviation, while a machine whose
 economics differ from the table is learned within a few verifies.
 
+One gate per draft-source member *and* evidence bucket: the length of the match behind the
+draft, bucketed 1, 2, 3-4, 5-8, 9-16, 17+ (none for drafts that are not a match, such as
+recycling's). A copy at 99% acceptance and a paraphrase at 40% then no longer feed one
+acceptance estimate: a member can be on for long matches and off for short ones, and each
+bucket sizes its own drafts. Before any evidence a bucket assumes a per-token acceptance that
+grows with the match (`prior_acceptance`), worth PRIOR_WEIGHT draft tokens.
+
 Coming back on: while the gate is off, the decoder still takes a draft and, instead of
 verifying it, checks it against the tokens plain decoding commits next (a *shadow check*).
 Decoding is lossless, so those are the tokens a verify would have committed: the check says
@@ -68,8 +75,23 @@ class GateOptions:
 
 
 CALIBRATE_EVERY = 32  # timed verifies between two plain steps taken to time a plain step
-PRIOR_TOKEN_ACCEPTANCE = 0.8  # per-token acceptance assumed before any evidence
+PRIOR_TOKEN_ACCEPTANCE = 0.8  # per-token acceptance assumed before any evidence, no match
 PRIOR_WEIGHT = 4.0  # draft tokens' worth of evidence the prior counts for
+
+# Evidence buckets of the match length behind a draft: (smallest length, label).
+BUCKETS = ((17, "17+"), (9, "9-16"), (5, "5-8"), (3, "3-4"), (2, "2"), (1, "1"))
+# Prior per-token acceptance of a bucket: a longer match is likelier to go on. Evidence
+# replaces it within a few verifies or shadow checks.
+BUCKET_PRIORS = {"1": 0.5, "2": 0.6, "3-4": 0.7, "5-8": 0.8, "9-16": 0.9, "17+": 0.95}
+
+
+def evidence_bucket(match_len: int) -> str | None:
+    """The bucket of a match length; None for a draft that is not a match (0)."""
+    return next((label for low, label in BUCKETS if match_len >= low), None)
+
+
+def prior_acceptance(bucket: str | None) -> float:
+    return PRIOR_TOKEN_ACCEPTANCE if bucket is None else BUCKET_PRIORS[bucket]
 
 
 class GateState(Enum):
@@ -98,8 +120,11 @@ class CostGate:
 
     table: CostTable
     options: GateOptions = field(default_factory=GateOptions)
+    prior: float = PRIOR_TOKEN_ACCEPTANCE  # per-token acceptance before any evidence
 
     def __post_init__(self) -> None:
+        if not 0.0 < self.prior < 1.0:
+            raise GateOptionsError(f"gate prior must be in (0, 1), got {self.prior}")
         self.state = GateState.ON
         self._window: deque[_Verify] = deque(maxlen=self.options.window)
         self._shadow: deque[_Verify] = deque(maxlen=self.options.window)  # checks while OFF
@@ -142,12 +167,11 @@ class CostGate:
     def token_acceptance(self) -> float:
         """Per-token acceptance p, as if each draft token were accepted with probability p
         until the first rejection: accepted / (accepted + verifies that hit a rejection).
-        A prior of PRIOR_TOKEN_ACCEPTANCE, worth PRIOR_WEIGHT draft tokens, keeps it sane
-        on little evidence."""
+        The gate's prior, worth PRIOR_WEIGHT draft tokens, keeps it sane on little evidence."""
         evidence = self._evidence()
         accepted = sum(v.accepted for v in evidence)
         rejections = sum(1 for v in evidence if v.accepted < v.drafted)
-        p = PRIOR_TOKEN_ACCEPTANCE
+        p = self.prior
         return (accepted + p * PRIOR_WEIGHT) / (accepted + rejections + PRIOR_WEIGHT)
 
     def best_draft(self, p: float, max_draft: int) -> tuple[int, float]:
@@ -169,7 +193,7 @@ class CostGate:
         CPU, ~1.07x at best) starts OFF, and its source earns its first verify with shadow
         checks; on a flat table (~2x) exploring with real verifies is cheap, so it starts ON."""
         bar = self.options.min_speedup + self.options.probe_margin
-        if self.best_draft(PRIOR_TOKEN_ACCEPTANCE, max_draft)[1] < bar:
+        if self.best_draft(self.prior, max_draft)[1] < bar:
             self.state = GateState.OFF
 
     def budget(self, max_draft: int) -> int:

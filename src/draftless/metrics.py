@@ -10,8 +10,9 @@
     shadow      a draft checked against what plain decoding committed, while its gate was off
 
 Per member of the draft source ("conversation", "reference[0]", "recycling", ...) the same
-counts, and how often its gate turned off and on. `DecodeStats` supports `-` (this turn's
-share: after - before) and `+` (a sum over runs).
+counts; per gate (a member and an evidence bucket, "conversation/9-16") the same counts and
+how often it turned off and on; and the histogram of verified draft lengths. `DecodeStats`
+supports `-` (this turn's share: after - before) and `+` (a sum over runs).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
+
+_TABLES = ("members", "evidence", "draft_lengths")
 
 
 @dataclass(slots=True)
@@ -58,6 +61,8 @@ class DecodeStats:
     gate_on: int = 0  # times shadow checks turned it back on
     forward_seconds: float = 0.0  # wall time inside the model's forward
     members: dict[str, MemberStats] = field(default_factory=dict)  # per draft-source member
+    evidence: dict[str, MemberStats] = field(default_factory=dict)  # per gate: member/bucket
+    draft_lengths: dict[int, int] = field(default_factory=dict)  # verified draft length: count
 
     @property
     def tokens_per_step(self) -> float:
@@ -74,10 +79,11 @@ class DecodeStats:
 
     def member(self, name: str) -> MemberStats:
         """The counts of one member, created on first use."""
-        stats = self.members.get(name)
-        if stats is None:
-            stats = self.members[name] = MemberStats()
-        return stats
+        return self.members.setdefault(name, MemberStats())
+
+    def evidence_of(self, gate: str) -> MemberStats:
+        """The counts of one gate (member/bucket), created on first use."""
+        return self.evidence.setdefault(gate, MemberStats())
 
     def copy(self) -> DecodeStats:
         return self._combine(DecodeStats(), 1)
@@ -91,18 +97,25 @@ class DecodeStats:
     def _combine(self, other: DecodeStats, sign: int) -> DecodeStats:
         out = DecodeStats()
         for f in dataclasses.fields(self):
-            if f.name != "members":
+            if f.name not in _TABLES:
                 setattr(out, f.name, getattr(self, f.name) + sign * getattr(other, f.name))
-        for name in {**self.members, **other.members}:
-            mine = self.members.get(name, MemberStats())
-            theirs = other.members.get(name, MemberStats())
-            out.members[name] = mine._combine(theirs, sign)
+        for table in ("members", "evidence"):
+            mine, theirs = getattr(self, table), getattr(other, table)
+            combined = getattr(out, table)
+            for name in {**mine, **theirs}:
+                combined[name] = mine.get(name, MemberStats())._combine(
+                    theirs.get(name, MemberStats()), sign
+                )
+        for length in {**self.draft_lengths, **other.draft_lengths}:
+            count = self.draft_lengths.get(length, 0) + sign * other.draft_lengths.get(length, 0)
+            if count:
+                out.draft_lengths[length] = count
         return out
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict: every count, the two ratios, and the members."""
         out: dict[str, Any] = {
-            f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "members"
+            f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _TABLES
         }
         out["forward_seconds"] = round(self.forward_seconds, 4)
         out["tokens_per_step"] = round(self.tokens_per_step, 4)

@@ -173,14 +173,20 @@ def _diagnosis(task: TaskResult, table: CostTable | None) -> str:
     steps = s.steps or 1
     parts.append(f"{s.verify_steps}/{steps} steps verified ({s.verify_steps / steps:.0%})")
     parts.append(f"gate off {s.gate_off}x, on {s.gate_on}x, shadow checks {s.shadow_checks}")
-    members = []
-    for name, m in sorted(s.members.items()):
-        text = f"{name} {m.accepted}/{m.drafted}"
-        if m.gate_off:
-            text += f" gate off {m.gate_off}x on {m.gate_on}x"
-        members.append(text)
+    members = [f"{name} {m.accepted}/{m.drafted}" for name, m in sorted(s.members.items())]
     if members:
         parts.append("by source: " + ", ".join(members))
+    gates = []
+    for name, m in sorted(s.evidence.items()):
+        text = f"{name} {m.accepted}/{m.drafted} in {m.verifies} verifies"
+        if m.gate_off or m.gate_on or m.shadow_checks:
+            text += f" (off {m.gate_off}x, on {m.gate_on}x, {m.shadow_checks} shadow)"
+        gates.append(text)
+    if gates:
+        parts.append("by gate (member/match length): " + ", ".join(gates))
+    if s.draft_lengths:
+        lengths = ", ".join(f"{k}: {v}" for k, v in sorted(s.draft_lengths.items()))
+        parts.append(f"draft lengths (tokens: verifies) {lengths}")
     return "; ".join(parts)
 
 

@@ -5,13 +5,12 @@ Recycling           the Token-Recycling matrix (vocab x 8 successors from verify
 SpeculationIndex    the cascade over all of them: the DraftSource the decoder uses
 """
 
-from draftless.sources.base import DEFAULT_MEMBER, Draft, DraftSource, Source, check_source
+from draftless.sources.base import Draft, DraftSource, Source, check_source
 from draftless.sources.cascade import CascadeOptions, SpeculationIndex
 from draftless.sources.recycling import Recycling
 from draftless.sources.sam import Cursor, FrozenIndexError, SamIndex
 
 __all__ = [
-    "DEFAULT_MEMBER",
     "CascadeOptions",
     "Cursor",
     "Draft",

@@ -3,23 +3,24 @@
 A source proposes a continuation of the committed stream. It is told every committed token,
 in order, through `observe`; it never sees a token that was drafted but rejected.
 
-    member()          -> str | None   which member would draft now (None: nothing to draft);
-                                      no side effects. The decoder keeps one cost gate per
-                                      member and asks first, so a member whose drafts do not
-                                      pay costs no lookup.
-    propose(budget)   -> Draft | None at most `budget` tokens, and the member that made them
+    propose(budget)   -> Draft | None at most `budget` tokens, the member that made them and
+                                      the evidence behind them (the match length); no side
+                                      effects, so a draft the decoder does not verify needs
+                                      no undoing. A draft of d tokens starts with the draft
+                                      of any shorter budget (the decoder cuts it to the
+                                      length its cost gate allows).
     observe(tokens)                   tokens appended to the committed stream
     wants_topk        -> bool         False: the decoder never computes top-k rows for it
     observe_topk(ids, topk)           topk[i] ([K] int32, best first) are the most likely
                                       successors of ids[i] in the verify forward that just ran
 
-Worked example: committed stream [1 2 3 1 2]; a suffix-automaton source's member() is
-"conversation" and propose(3) returns Draft([3, 1, 2], "conversation", match_len=2) (the
-continuation of the earlier "1 2"). The model commits 3 1 9; the decoder calls
-observe([3, 1, 9]). Acceptance is counted by the decoder, per member, not by the source.
+Worked example: committed stream [1 2 3 1 2]; a suffix-automaton source's propose(3) returns
+Draft([3, 1, 2], "conversation", match_len=2) (the continuation of the earlier "1 2"). The
+model commits 3 1 9; the decoder calls observe([3, 1, 9]). Acceptance is counted by the
+decoder, per member and evidence, not by the source.
 
-`Source` is a base class with the harmless defaults (one member, no top-k); subclass it and
-write `propose` and `observe`.
+`Source` is a base class with the harmless defaults (no top-k rows); subclass it and write
+`propose` and `observe`.
 """
 
 from __future__ import annotations
@@ -29,8 +30,6 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
-
-DEFAULT_MEMBER = "draft"  # the member name of a source that has only one
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,8 +44,6 @@ class DraftSource(Protocol):
     @property
     def wants_topk(self) -> bool: ...
 
-    def member(self) -> str | None: ...
-
     def propose(self, budget: int) -> Draft | None: ...
 
     def observe(self, committed: Sequence[int] | np.ndarray) -> None: ...
@@ -55,12 +52,9 @@ class DraftSource(Protocol):
 
 
 class Source:
-    """Defaults for a one-member source that ignores top-k rows."""
+    """Defaults for a source that ignores top-k rows."""
 
     wants_topk: bool = False
-
-    def member(self) -> str | None:
-        return DEFAULT_MEMBER
 
     def propose(self, budget: int) -> Draft | None:
         raise NotImplementedError
@@ -76,7 +70,7 @@ def check_source(source: object) -> None:
     """TypeError naming what a draft source lacks (instead of an AttributeError mid-run)."""
     missing = [
         name
-        for name in ("wants_topk", "member", "propose", "observe", "observe_topk")
+        for name in ("wants_topk", "propose", "observe", "observe_topk")
         if not hasattr(source, name)
     ]
     if missing:

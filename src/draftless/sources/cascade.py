@@ -96,7 +96,7 @@ class SpeculationIndex:
     # -- the DraftSource protocol -------------------------------------------------------
 
     def _choose(self) -> tuple[str, SamIndex | Cursor | Recycling, int] | None:
-        """(member, what drafts, match length) of the member that drafts now, or None."""
+        """(member, what drafts, match length) of the member that would draft now, or None."""
         best: tuple[str, SamIndex | Cursor | Recycling, int] | None = None
         best_len = self.options.min_match - 1
         if self._conversation.match_len > best_len:
@@ -109,11 +109,6 @@ class SpeculationIndex:
         if best is None and self._recycling is not None and self._recycling.would_draft():
             best = (RECYCLING, self._recycling, 0)
         return best
-
-    def member(self) -> str | None:
-        """The member propose() would draft from now, or None; no side effects."""
-        chosen = self._choose()
-        return chosen[0] if chosen is not None else None
 
     def propose(self, budget: int) -> Draft | None:
         """A draft of at most `budget` tokens from the chosen member (None if it has none).
