@@ -628,3 +628,28 @@ def test_a_member_is_on_for_long_matches_and_off_for_short_ones() -> None:
     assert short_gate.verifies == 0 and short_gate.shadow_checks >= 3  # never earned one
     assert max(dec_stats.draft_lengths) > 8  # long drafts where the evidence is strong
     assert sum(dec_stats.draft_lengths.values()) == dec_stats.verify_steps
+
+
+def test_the_resync_gap_counts_tokens_from_a_rejection_to_the_next_accepted_draft() -> None:
+    """A source that is wrong for three steps after every rejection, then right again: each
+    recorded gap is the tokens committed between the rejecting verify and the next verify
+    that accepted its first draft token."""
+    model = InductionModel(VOCAB, seed=46)
+    expected = plain(model, GREEDY, 120)
+    calls = [0]
+    good = perfect_source(PROMPT + expected).script
+
+    def script(stream: list[int], n: int) -> list[int]:
+        calls[0] += 1
+        right = good(stream, n)
+        if calls[0] % 5 in (1, 2, 3):  # three garbage drafts in every five
+            return [(t + 1) % VOCAB for t in right]
+        return right[:2] + [(t + 1) % VOCAB for t in right[2:]]  # right, then wrong
+
+    got = generate(model, PROMPT, 120, source=ScriptedSource(script), options=ALWAYS)
+    assert got.token_ids == expected
+    gaps = got.stats.resync_gaps
+    # the 4th draft (right, then wrong) is followed by the 5th, which accepts at once (gap
+    # 0); the 5th by three garbage verifies committing one token each (gap 3). The very
+    # first rejection is the first garbage verify, with two more before the 4th (gap 2).
+    assert gaps[2] == 1 and set(gaps) == {0, 2, 3} and gaps[0] >= 5 and gaps[3] >= 5

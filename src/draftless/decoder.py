@@ -152,6 +152,7 @@ class SpeculativeDecoder:
         self.stats = DecodeStats()
         # Drafts made while their gate was off, waiting for the stream to settle them.
         self._shadows: list[_Shadow] = []
+        self._since_reject: int | None = None  # tokens since the last rejection, if resyncing
         self._claim = _claim_of(model)
         with self._claim.lock:  # a new decoder starts from an empty cache, its own
             model.truncate(0)
@@ -353,6 +354,7 @@ class SpeculativeDecoder:
         s.committed += len(committed)
         if seconds is not None:
             s.forward_seconds += seconds
+        self._track_resync(draft, committed)
         if draft is None:
             s.plain_steps += 1
             if self.options.gate:
@@ -376,6 +378,20 @@ class SpeculativeDecoder:
         if self.options.gate and gate is not None:
             gate.record_verify(len(tokens) + 1, len(tokens), accepted, n, seconds)
             self._sync_gate_stats()
+
+    def _track_resync(self, draft: Draft | None, committed: list[int]) -> None:
+        """The re-synchronisation gap: tokens committed after a verify that hit a rejection
+        until the next verify that accepts a draft token (a histogram in stats)."""
+        accepted = draft is not None and committed[0] == draft.tokens[0]
+        if self._since_reject is not None and accepted:
+            gaps = self.stats.resync_gaps
+            gaps[self._since_reject] = gaps.get(self._since_reject, 0) + 1
+            self._since_reject = None
+        elif self._since_reject is not None:
+            self._since_reject += len(committed)
+        rejected = draft is not None and committed[: len(draft.tokens)] != draft.tokens
+        if rejected and self._since_reject is None:
+            self._since_reject = 0  # this verify hit a rejection: count from here
 
     def _sync_gate_stats(self) -> None:
         for name, g in self.gates.items():

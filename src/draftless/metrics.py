@@ -21,7 +21,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-_TABLES = ("members", "evidence", "draft_lengths")
+_TABLES = ("members", "evidence", "draft_lengths", "resync_gaps")
 
 
 @dataclass(slots=True)
@@ -63,6 +63,9 @@ class DecodeStats:
     members: dict[str, MemberStats] = field(default_factory=dict)  # per draft-source member
     evidence: dict[str, MemberStats] = field(default_factory=dict)  # per gate: member/bucket
     draft_lengths: dict[int, int] = field(default_factory=dict)  # verified draft length: count
+    # tokens committed between a verify that hit a rejection and the next verify that accepted
+    # a draft token: count (how fast drafting re-synchronises after a mismatch)
+    resync_gaps: dict[int, int] = field(default_factory=dict)
 
     @property
     def tokens_per_step(self) -> float:
@@ -106,10 +109,13 @@ class DecodeStats:
                 combined[name] = mine.get(name, MemberStats())._combine(
                     theirs.get(name, MemberStats()), sign
                 )
-        for length in {**self.draft_lengths, **other.draft_lengths}:
-            count = self.draft_lengths.get(length, 0) + sign * other.draft_lengths.get(length, 0)
-            if count:
-                out.draft_lengths[length] = count
+        for histogram in ("draft_lengths", "resync_gaps"):
+            mine, theirs = getattr(self, histogram), getattr(other, histogram)
+            combined = getattr(out, histogram)
+            for key in {**mine, **theirs}:
+                count = mine.get(key, 0) + sign * theirs.get(key, 0)
+                if count:
+                    combined[key] = count
         return out
 
     def to_json(self) -> dict[str, Any]:

@@ -187,6 +187,9 @@ def _diagnosis(task: TaskResult, table: CostTable | None) -> str:
     if s.draft_lengths:
         lengths = ", ".join(f"{k}: {v}" for k, v in sorted(s.draft_lengths.items()))
         parts.append(f"draft lengths (tokens: verifies) {lengths}")
+    if s.resync_gaps:
+        gaps = ", ".join(f"{k}: {v}" for k, v in sorted(s.resync_gaps.items()))
+        parts.append(f"re-sync gaps after a rejection (tokens: times) {gaps}")
     return "; ".join(parts)
 
 
