@@ -17,8 +17,8 @@ defaults; `exact` is what models/llamacpp.py uses):
     k16-vbf16   flash attention on, K cache f16, V cache bf16, no weight repacking: the one
                 models/llamacpp.py uses (with GGML_CPU_TILED_MM=0, which it sets at import;
                 run with GGML_CPU_TILED_MM=1 in the environment to see the tiled matmul's part)
-    ...         see CONFIGS below (exact = K f32 / V f16: llama.cpp casts an f32 K to f16 for
-                flash attention, so it is the `today` kernel set)
+    ...         see CONFIGS below (an f32 K or V is cast to f16 for flash attention by
+                llama.cpp, so kf32-v16 and k16-vf32 run the `today` kernels)
 """
 
 from __future__ import annotations
@@ -58,11 +58,11 @@ CONFIGS: dict[str, tuple[dict[str, int], dict[str, int]]] = {
         {"flash_attn_type": FA_ON, "type_k": Q8, "type_v": F16},
         {"use_extra_bufts": True},
     ),
-    "exact-repack": (
+    "kf32-v16-repack": (
         {"flash_attn_type": FA_ON, "type_k": F32, "type_v": F16},
         {"use_extra_bufts": True},
     ),
-    "exact": (
+    "kf32-v16": (
         {"flash_attn_type": FA_ON, "type_k": F32, "type_v": F16},
         {"use_extra_bufts": False},
     ),
@@ -82,7 +82,7 @@ CONFIGS: dict[str, tuple[dict[str, int], dict[str, int]]] = {
         {"flash_attn_type": FA_ON, "type_k": F16, "type_v": BF16},
         {"use_extra_bufts": True},
     ),
-    "exact-f16k-f32v": (
+    "k16-vf32": (
         {"flash_attn_type": FA_ON, "type_k": F16, "type_v": F32},
         {"use_extra_bufts": False},
     ),
