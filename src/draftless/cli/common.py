@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -142,7 +143,11 @@ def stop_ids_from(ids: Sequence[int], vocab_size: int) -> list[int]:
     return list(ids)
 
 
-def open_model(args: argparse.Namespace, *, quiet: bool = False) -> Model:
+def load_with_notes(args: argparse.Namespace, *, quiet: bool = False) -> tuple[Model, list[str]]:
+    """The model the options ask for, and the notes its backend made while loading (what
+    was asked for is not what is used: a context raised, threads capped). A command prints
+    the notes with `print_notes` once the checks that need the model have passed, so a user
+    error stays one line."""
     options: dict[str, Any] = {}
     if args.device:
         options["device"] = args.device
@@ -155,8 +160,26 @@ def open_model(args: argparse.Namespace, *, quiet: bool = False) -> Model:
             raise UsageError(f"--threads must be >= 1, got {args.threads}")
         options["n_threads"] = args.threads
     spinner = Spinner(f"loading {args.model}", force=False) if not quiet else None
-    with spinner or contextlib.nullcontext():
-        return load_model(args.model, backend=args.backend, **options)
+    with warnings.catch_warnings(record=True) as caught, spinner or contextlib.nullcontext():
+        warnings.simplefilter("always", UserWarning)
+        model = load_model(args.model, backend=args.backend, **options)
+    notes = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+    for w in caught:  # anything else goes where it would have gone
+        if not issubclass(w.category, UserWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return model, notes
+
+
+def print_notes(notes: Sequence[str]) -> None:
+    for note in notes:
+        print(f"draftless: note: {note}", file=sys.stderr)
+
+
+def open_model(args: argparse.Namespace, *, quiet: bool = False) -> Model:
+    """`load_with_notes`, printing the notes now."""
+    model, notes = load_with_notes(args, quiet=quiet)
+    print_notes(notes)
+    return model
 
 
 def make_source(model: Model, paths: Sequence[str]) -> SpeculationIndex:

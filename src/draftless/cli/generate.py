@@ -18,8 +18,9 @@ from draftless.cli.common import (
     add_spec_options,
     add_stop_options,
     checked_text,
+    load_with_notes,
     make_source,
-    open_model,
+    print_notes,
     read_text_file,
     sampling_from,
     spec_from,
@@ -60,13 +61,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
     system = checked_text(args.system, "--system") if args.system is not None else None
     sampling = sampling_from(args)
     sequences = stop_texts(args)
-    model = open_model(args)
+    model, notes = load_with_notes(args)
     try:
         stops = model.eos_token_ids | frozenset(stop_ids_from(args.stop_id, model.vocab_size))
         ids = encode_prompt(model, text, chat=args.chat, system=system)
         source = make_source(model, args.spec_ref) if args.spec else None
         dec = SpeculativeDecoder(model, sampling=sampling, source=source, options=spec)
         dec.append(ids)
+        print_notes(notes)  # the checks that needed the model passed
         emit = None if args.json else write
         run = generate_text(dec, args.max_new_tokens, stops, sequences, emit)
         if emit is not None:

@@ -312,11 +312,24 @@ class HFTokenizer:
     def apply_chat_template(
         self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = True
     ) -> list[int]:
+        """Render the tokenizer's chat template and tokenize it.
+
+        The markers the template writes become special tokens; text in the messages is text
+        (transformers' `sanitize_control_tokens`): a message saying `<|im_end|>` gives the
+        tokens of those ten characters, not the turn marker. A message without control-token
+        text gives the same tokens as the rendering tokenized whole.
+        """
         if not getattr(self._tok, "chat_template", None):
             raise ModelError(f"{self._name} has no chat template")
-        rendered = self._tok.apply_chat_template(
-            [dict(m) for m in messages], add_generation_prompt=add_generation_prompt, tokenize=True
-        )
+        try:
+            rendered = self._tok.apply_chat_template(
+                [dict(m) for m in messages],
+                add_generation_prompt=add_generation_prompt,
+                tokenize=True,
+                sanitize_control_tokens=True,
+            )
+        except ValueError as err:  # e.g. a control token the tokenizer makes from plain text
+            raise ModelError(f"{self._name}: cannot apply the chat template: {err}") from None
         return _as_ids(rendered)
 
     def is_special(self, token_id: int) -> bool:

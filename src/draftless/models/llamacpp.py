@@ -19,19 +19,36 @@ the window and re-appending gives a fresh run's logits. Recurrent and hybrid mod
 state that cannot be rewound to an earlier position, and are refused at load.
 
 Exactness: after truncate + re-append the rows are bitwise those of a fresh context fed the
-same pieces. llama.cpp picks kernels by batch size, so one forward of k and k forwards of 1
-agree only up to quantization noise (bitwise for SmolLM2 up to k = 48 on AVX2; Gemma 3 from
-k = 4 on differs by up to ~2 logits, which can flip the argmax at a near tie).
+same pieces, and one forward of k tokens gives bitwise the rows of k forwards of one, at any
+thread count (measured on AVX2: SmolLM2 Q4_1 and Gemma 3 Q4_K_M, contexts to 2,048, k 1..32,
+1 and 2 threads). llama.cpp's defaults give neither: ggml picks kernels by batch shape and
+splits a single step's attention by thread count. Three such kernels are switched off:
+
+- flash attention over one query splits the keys over the threads (from 512 cached cells)
+  and merges the pieces, and over 64+ queries runs tiled: both sum in another order than
+  the one-row kernel. Neither runs when K and V are cached in different types: K f16 (as
+  llama.cpp's default), V bf16. That is no less accurate than f16/f16, whose V sums in f16:
+  against attention in f32, SmolLM2's logits over 1,200 positions differ by a median row
+  max of 0.62 (f16/bf16) and 0.64 (f16/f16), the argmax in 4.3% and 4.5% of rows;
+- repacked weights (CPU_REPACK: Q4_0, Q4_K, IQ4_NL ... laid out for 4-8 rows at a time) use
+  a gemm for batches of 4+ rows and a gemv for one; the weights are kept as in the file;
+- the tiled K-quant matmul (batches of 8+ rows): GGML_CPU_TILED_MM=0.
+
+The price: long-prompt prefill of K-quant and Q4_0 models is slower (no tiled/repacked
+kernels), and single-step attention is split over heads, not over keys.
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import ctypes
 import json
 import operator
 import os
+import re
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
@@ -42,15 +59,7 @@ import jinja2
 import jinja2.ext
 import jinja2.sandbox
 import numpy as np
-
-# ggml's CPU threads meet at an OpenMP barrier after every op. libgomp's default is to spin
-# there; when the cores are shared with other work a spinning thread burns the time slice
-# the thread it waits for needs (measured on 2 busy cores: 846 ms per SmolLM2 token with 2
-# threads against 42 ms passive). libgomp reads it once, when it loads: a process that
-# imported llama_cpp before this module keeps the spinning default. A value set by the user
-# (OMP_WAIT_POLICY=ACTIVE for a machine of one's own) is kept.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
+from llama_cpp import _utils as _llama_cpp_utils
 from llama_cpp import llama_cpp as lib
 
 from draftless.models.base import (
@@ -84,6 +93,18 @@ def _install_log_sink() -> Any:
     return callback
 
 
+def _close_devnull_at_exit() -> None:
+    """llama_cpp opens two handles on os.devnull at import (for its high-level API's
+    suppress_stdout_stderr) and never closes them, so the interpreter reports them as unclosed
+    (ResourceWarning) when it exits. Close them at exit, before that report; a high-level
+    `llama_cpp.Llama` in the same process keeps working until then."""
+    for name in ("outnull_file", "errnull_file"):
+        handle = getattr(_llama_cpp_utils, name, None)
+        if handle is not None:
+            atexit.register(handle.close)
+
+
+_close_devnull_at_exit()
 lib.llama_backend_init()
 _LOG_SINK = _install_log_sink()
 
@@ -99,14 +120,40 @@ def _first_error(default: str) -> str:
     return " ".join(detail.split())[:300]
 
 
+# How every model and context is made, so that a verify row (one forward of k tokens) equals
+# the single-token rows (k forwards of one) bitwise at any thread count. Each entry switches
+# off a kernel whose rounding depends on the batch shape or on the thread count (see
+# "Exactness" above; tests/test_llamacpp_exact.py proves the result, and
+# benchmarks/llamacpp_exact_rows.py measures the alternatives).
+GGML_TYPE_BF16 = 30  # ggml.h; llama_cpp does not export it
+EXACT_CONTEXT_PARAMS: dict[str, int] = {  # fields of llama_context_params
+    "flash_attn_type": lib.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    "type_k": lib.GGML_TYPE_F16,
+    "type_v": GGML_TYPE_BF16,  # K and V of different types: no split-KV, no tiled attention
+}
+EXACT_MODEL_PARAMS: dict[str, int] = {"use_extra_bufts": False}  # no repacked weights
+# ggml's tiled K-quant matmul (batches of 8 rows and more) sums in another order than the
+# one-row kernel. ggml reads this once, at its first matmul; a value the user set is kept.
+os.environ.setdefault("GGML_CPU_TILED_MM", "0")
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity), not the machine's total."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no sched_getaffinity (macOS, Windows)
+        return os.cpu_count() or 1
+
+
+def _note(message: str) -> None:
+    """A one-line note to whoever loads the model: what was asked for is not what is used."""
+    warnings.warn(message, UserWarning, stacklevel=4)
+
+
 @dataclass(frozen=True, slots=True)
 class LlamaCppOptions:
     n_ctx: int = 4096  # tokens the cache holds; capped at the model's training context
-    # 1 by default: with more threads llama.cpp's attention splits its work by batch shape, so
-    # a verify batch and single steps round differently past ~256 tokens of context (logits
-    # off by up to 0.85 on SmolLM2) and a speculative stream can leave the plain one at a
-    # near-tie. One thread is bitwise exact for every batch shape measured. 0: all cores.
-    n_threads: int = 1
+    n_threads: int = 0  # 0: every usable core; more than that is capped at it, with a note
     n_batch: int = 512  # tokens per llama_decode (prefill and forward split longer inputs)
     n_outputs_max: int = 64  # logits rows per llama_decode; forward splits larger k
 
@@ -136,12 +183,16 @@ def _load_model_file(path: Path, name: str, *, vocab_only: bool) -> int:
     if not path.is_file():
         raise ModelError(f"model file not found: {path}")
     params = lib.llama_model_default_params()
+    for field, value in EXACT_MODEL_PARAMS.items():
+        setattr(params, field, value)
     params.vocab_only = vocab_only
     _LOG_ERRORS.clear()
     model = lib.llama_model_load_from_file(os.fsencode(path), params)
     if not model:
         detail = _first_error("llama.cpp could not read it")
-        raise ModelError(f"cannot load {name} from {path}: {detail}")
+        # A path typed by the user is its own name: say it once.
+        where = str(path) if name in (str(path), path.name) else f"{name} from {path}"
+        raise ModelError(f"cannot load {where}: {detail}")
     return int(model)
 
 
@@ -199,6 +250,29 @@ def _compile_chat_template(source: str) -> jinja2.Template:
     return env.from_string(source)
 
 
+# Message text is marked before the chat template renders it, so that afterwards the control
+# tokens a user typed (`<|im_start|>` in a message) can be told apart from the markers the
+# template writes itself: each control-token text in a message string is wrapped in these two
+# private-use characters, the mark transformers' `apply_chat_template(sanitize_control_tokens=
+# True)` uses. No vocabulary has them as text; any the user typed are dropped first, so they
+# cannot forge a mark.
+_MARK_START, _MARK_END = "\U000f0000", "\U000f0001"
+_CONTROL_ATTRS = lib.LLAMA_TOKEN_ATTR_CONTROL | lib.LLAMA_TOKEN_ATTR_UNKNOWN  # parse_special's
+
+
+def _mark_control_text(value: Any, control: re.Pattern[str]) -> Any:
+    """`value` (a message, or any string, list or dict in one) with every control-token text
+    in its strings wrapped in the marks. Dict keys are left alone."""
+    if isinstance(value, str):
+        value = value.replace(_MARK_START, "").replace(_MARK_END, "")
+        return control.sub(lambda m: f"{_MARK_START}{m.group(0)}{_MARK_END}", value)
+    if isinstance(value, dict):
+        return {key: _mark_control_text(item, control) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_mark_control_text(item, control) for item in value]
+    return value
+
+
 class LlamaCppTokenizer:
     """The GGUF's own vocabulary, through llama_tokenize / llama_token_to_piece.
 
@@ -224,6 +298,7 @@ class LlamaCppTokenizer:
         self.chat_template: str | None = _meta_str(model, "tokenizer.chat_template")
         self._template: jinja2.Template | None = None
         self._pieces: dict[int, tuple[bytes, bool]] = {}  # id -> (piece bytes, is special)
+        self._control: tuple[re.Pattern[str], re.Pattern[str]] | None = None  # see _patterns
         self._piece_buf = ctypes.create_string_buffer(256)
 
     def _live_vocab(self) -> int:
@@ -287,8 +362,11 @@ class LlamaCppTokenizer:
     ) -> list[int]:
         """Render the GGUF's `tokenizer.chat_template` (Jinja) and tokenize it.
 
-        Special-token text in the rendering becomes special tokens; BOS is put first only if
-        the model adds one and the template did not already write it.
+        The markers the template writes become special tokens; text in the messages is text:
+        a message saying `<|im_end|>` gives the tokens of those ten characters, not the turn
+        marker, so it cannot end its turn or start another. A message without control-token
+        text gives exactly the tokens of the whole rendering tokenized with specials parsed.
+        BOS is put first only if the model adds one and the template did not already write it.
         """
         if self.chat_template is None:
             raise ModelError(
@@ -304,19 +382,108 @@ class LlamaCppTokenizer:
         vocab = self._live_vocab()
         bos = lib.llama_vocab_bos(vocab)
         eos = lib.llama_vocab_eos(vocab)
+        control, marked = self._patterns()
         try:
             text = self._template.render(
-                messages=list(messages),
+                messages=[_mark_control_text(dict(m), control) for m in messages],
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self._special_text(bos),
                 eos_token=self._special_text(eos),
             )
         except jinja2.exceptions.TemplateError as err:
             raise ModelError(f"the chat template of {self.name} failed: {err}") from None
-        ids = self._tokenize(text, add_special=False, parse_special=True)
+        ids = self._encode_marked(text, control, marked)
         if self.add_bos and self.bos_token_id is not None and ids[:1] != [self.bos_token_id]:
             ids.insert(0, self.bos_token_id)
         return ids
+
+    def _patterns(self) -> tuple[re.Pattern[str], re.Pattern[str]]:
+        """(any control-token text, longest first; a marked control-token text or a lone mark).
+
+        Control tokens are those llama_tokenize matches only with parse_special (attribute
+        CONTROL or UNKNOWN); user-defined tokens are matched in plain text too."""
+        if self._control is None:
+            vocab = self._live_vocab()
+            texts = {
+                lib.llama_vocab_get_text(vocab, t).decode("utf-8", errors="replace")
+                for t in range(self.vocab_size)
+                if lib.llama_vocab_get_attr(vocab, t) & _CONTROL_ATTRS
+            }
+            longest_first = sorted(filter(None, texts), key=len, reverse=True)
+            control = re.compile("|".join(map(re.escape, longest_first)) or "(?!)")
+            marked = re.compile(
+                f"{_MARK_START}({control.pattern}){_MARK_END}|[{_MARK_START}{_MARK_END}]"
+            )
+            self._control = (control, marked)
+        return self._control
+
+    def _encode_marked(
+        self, text: str, control: re.Pattern[str], marked: re.Pattern[str]
+    ) -> list[int]:
+        """Tokens of a rendering whose message strings were marked by `_mark_control_text`.
+
+        Without a mark (no message typed a control token) it is today's tokenization: the
+        rendering tokenized whole, specials parsed. With one, see `_encode_runs`.
+        """
+        if _MARK_START not in text and _MARK_END not in text:
+            return self._tokenize(text, add_special=False, parse_special=True)
+        return self._encode_runs(text, control, marked)
+
+    def _encode_runs(
+        self, text: str, control: re.Pattern[str], marked: re.Pattern[str]
+    ) -> list[int]:
+        """The rendering as llama_tokenize(parse_special=True) cuts it, except that marked text
+        is never a control token.
+
+        llama.cpp cuts a text at its control tokens and tokenizes each run of text between
+        them on its own. Here the control tokens are looked for in the template's text only;
+        a marked token's text joins the run it sits in, and the run is tokenized as plain text:
+
+            <|im_start|>user\n[Hi<|im_end|>]<|im_end|>    ([...]: a message's text)
+            -> <|im_start|>  plain("user\nHi<|im_end|>")  <|im_end|>
+
+        A lone mark (a template that cut a marked token apart) is dropped, but ends the run,
+        so the halves on either side cannot join into a control token.
+        """
+        ids: list[int] = []
+        run: list[str] = []  # plain text since the last control token or lone mark
+        mid_text = False  # the run starts right after a lone mark, not a control token
+
+        def flush() -> None:
+            piece = "".join(run)
+            run.clear()
+            if piece:
+                ids.extend(self._tokenize_plain(piece, mid_text=mid_text))
+
+        for i, piece in enumerate(marked.split(text)):  # even: template text; odd: marked
+            if i % 2 == 1:
+                if piece is None:  # a lone mark
+                    flush()
+                    mid_text = True
+                else:
+                    run.append(piece)
+                continue
+            pos = 0
+            for match in control.finditer(piece):
+                run.append(piece[pos : match.start()])
+                flush()
+                ids.extend(self._tokenize(match.group(), add_special=False, parse_special=True))
+                mid_text, pos = False, match.end()
+            run.append(piece[pos:])
+        flush()
+        return ids
+
+    def _tokenize_plain(self, piece: str, *, mid_text: bool) -> list[int]:
+        """Tokens of `piece` with no control token parsed. `mid_text`: as it tokenizes in the
+        middle of a text. SentencePiece vocabularies put a space before the start of a text;
+        tokenizing after a newline and dropping the newline's tokens avoids it (as transformers
+        does for the same cut)."""
+        if mid_text:
+            newline = self._tokenize("\n", add_special=False, parse_special=False)
+            ids = self._tokenize("\n" + piece, add_special=False, parse_special=False)
+            if ids[: len(newline)] == newline:
+                return ids[len(newline) :]
+        return self._tokenize(piece, add_special=False, parse_special=False)
 
     def _special_text(self, token_id: int) -> str:
         if not 0 <= token_id < self.vocab_size:
@@ -338,7 +505,12 @@ class LlamaCppTokenizer:
 
 
 class LlamaCppModel:
-    """A GGUF model behind the draftless model contract (see models.base)."""
+    """A GGUF model behind the draftless model contract (see models.base).
+
+    Besides the contract: `path` (the GGUF file), `n_ctx` (the context llama.cpp made, which
+    can differ from the one asked for: a note says so), `threads` (the CPU threads used),
+    `n_batch` (tokens per llama_decode) and `n_outputs_max` (logits rows per llama_decode).
+    """
 
     backend = "llamacpp"
 
@@ -352,7 +524,7 @@ class LlamaCppModel:
     ) -> None:
         """Takes ownership of `model`: freed by close(), also if this constructor fails."""
         self.name = name
-        self.path = path
+        self.path: Path = path
         self._model: int | None = model
         self._ctx: int | None = None
         self._batch: Any = None
@@ -363,14 +535,20 @@ class LlamaCppModel:
 
         n_ctx_train = lib.llama_model_n_ctx_train(model)
         n_ctx = min(options.n_ctx, n_ctx_train) if n_ctx_train > 0 else options.n_ctx
-        n_threads = options.n_threads or os.cpu_count() or 1
-        self.threads: int = n_threads
+        cores = usable_cores()
+        threads = options.n_threads or cores
+        if threads > cores:  # oversubscribed threads wait on each other at every barrier
+            _note(f"{name}: {threads} threads asked for, {cores} usable cores: using {cores}")
+            threads = cores
+        self._threads = threads
         params = lib.llama_context_default_params()
+        for field, value in EXACT_CONTEXT_PARAMS.items():
+            setattr(params, field, value)
         params.n_ctx = n_ctx
         params.n_batch = params.n_ubatch = options.n_batch
         params.n_seq_max = 1
         params.n_outputs_max = min(options.n_outputs_max, options.n_batch)
-        params.n_threads = params.n_threads_batch = n_threads
+        params.n_threads = params.n_threads_batch = threads
         params.swa_full = True  # window layers keep every position: truncation stays exact
         params.no_perf = True
         params.embeddings = False
@@ -382,7 +560,14 @@ class LlamaCppModel:
             raise ModelError(f"cannot create a context for {name}: {detail}")
         self._ctx = int(ctx)
         self._mem = lib.llama_get_memory(self._ctx)
-        self.n_ctx: int = lib.llama_n_ctx(self._ctx)
+        self.n_ctx: int = lib.llama_n_ctx(self._ctx)  # what llama.cpp made, not what was asked
+        if self.n_ctx != options.n_ctx:
+            why = (
+                f"its training context is {n_ctx_train}"
+                if n_ctx < options.n_ctx
+                else "llama.cpp sizes contexts in multiples of 256"
+            )
+            _note(f"{name}: n_ctx {options.n_ctx} asked for, using {self.n_ctx} ({why})")
         self.n_batch: int = lib.llama_n_batch(self._ctx)  # tokens per llama_decode
         self.n_outputs_max: int = min(params.n_outputs_max, self.n_batch)  # rows per decode
 
@@ -399,7 +584,7 @@ class LlamaCppModel:
 
     @classmethod
     def load(cls, spec: ModelSpec, **options: Any) -> LlamaCppModel:
-        """Load a GGUF. Options: n_ctx (4096), n_threads (1; 0 = all cores), n_batch (512),
+        """Load a GGUF. Options: n_ctx (4096), n_threads (0: every usable core), n_batch (512),
         n_outputs_max (64: logits rows per decode)."""
         opts = LlamaCppOptions.from_kwargs(options)
         path = Path(spec.path)
@@ -421,6 +606,11 @@ class LlamaCppModel:
         return LlamaCppTokenizer(model, path.name, owns_model=True)
 
     # -- the contract ---------------------------------------------------------------------
+
+    @property
+    def threads(self) -> int:
+        """The CPU threads llama.cpp computes with (single steps and batches alike)."""
+        return self._threads
 
     @property
     def n_past(self) -> int:
