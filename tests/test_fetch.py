@@ -316,3 +316,39 @@ def test_skip_reason_says_how_to_get_the_model() -> None:
     assert "draftless pull qwen2.5-coder-1.5b" in reason and "make test never" in reason
     mark = requires_model("qwen2.5-coder-1.5b")
     assert mark.kwargs["reason"] == reason
+
+
+@pytest.mark.slow
+@pytest.mark.llamacpp
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param("qwen2.5-coder-0.5b", marks=requires_model("qwen2.5-coder-0.5b")),
+        pytest.param("qwen2.5-coder-1.5b", marks=requires_model("qwen2.5-coder-1.5b")),
+    ],
+)
+def test_real_model_loads_and_continues_a_count(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pulled file is a working Qwen2.5-Coder: greedy, it continues 1..7 with 8, 9."""
+    pytest.importorskip("llama_cpp")
+    import numpy as np
+
+    from draftless.models.registry import load_model
+
+    monkeypatch.delenv("DRAFTLESS_CACHE")  # the real cache, not this module's empty one
+
+    def no_network(requirement: str, dest: Path) -> Path:
+        raise AssertionError(f"fetched {requirement}")
+
+    monkeypatch.setattr(fetch, "pip_download", no_network)
+    model = load_model(name, n_ctx=256, n_threads=1)
+    try:
+        ids = model.tokenizer.encode("1, 2, 3, 4, 5, 6, 7,")
+        model.prefill(ids[:-1])
+        out: list[int] = []
+        last = ids[-1]
+        for _ in range(5):
+            last = int(np.argmax(model.forward([last])[-1]))
+            out.append(last)
+        assert model.tokenizer.decode(out).startswith(" 8, 9")
+    finally:
+        model.close()
