@@ -11,6 +11,7 @@ import json
 import os
 import stat
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -217,11 +218,25 @@ def test_peers_drive_the_fake_server_end_to_end(fake_binary: Path, tmp_path: Pat
         assert notes == [
             "lsrv-ngram-mod: differs from llama-server plain on code-edit/p1 at token 0"
         ]
+        # between requests every server is stopped, taking no CPU from the method being timed
+        for p in peers:
+            assert p.server.proc is not None
+            assert _state_soon(p.server.proc.pid, "T") == "T", p.name
     finally:
         procs = [p.server.proc for p in peers]
         peers[0].group.close()
     assert all(p.server.proc is None for p in peers)
     assert all(proc is None or proc.poll() is not None for proc in procs)
+
+
+def _state_soon(pid: int, want: str, wait: float = 5.0) -> str:
+    """The process state letter from /proc, polled until it is `want` (signals are async)."""
+    deadline = time.monotonic() + wait
+    while True:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        if state == want or time.monotonic() > deadline:
+            return state
+        time.sleep(0.02)
 
 
 def test_own_plain_comparison_waits_for_plain(fake_binary: Path, tmp_path: Path) -> None:

@@ -8,15 +8,16 @@
                         for qwen2.5-coder-1.5b (same tokenizer), when both are cached
 
 The binary is built by scripts/build-llama-server.sh from the llama.cpp source vendored in the
-pinned llama-cpp-python sdist, with the wheel's CPU flags, and cached under
-cache_dir()/llama-server-<key>/ (or named by $DRAFTLESS_LLAMA_SERVER). Each configuration is one
-server process on 127.0.0.1 (a free port) with the GGUF, thread counts, context and batch size of
-our llama.cpp model, started on first use and stopped at exit. A run POSTs /completion with the
-prompt as token ids (so the prompt is exactly ours, chat template included), greedy (top_k 1) or
-our temperature and seed without top-k/top-p, `cache_prompt` off (prefill is redone and timed, as
-for every other method), and reads back the token ids and the server's own timings: prompt_ms and
-predicted_ms, whose predicted_per_second is the decode tok/s the bench reports (the server, like
-the bench, counts the first token as the prompt's: (n - 1) / predicted time).
+pinned llama-cpp-python sdist, with the wheel's CPU flags, and cached under cache_dir()/llama-
+server-<key>/ (or named by $DRAFTLESS_LLAMA_SERVER). Each configuration is one server process on
+127.0.0.1 (a free port) with the GGUF, thread counts, context and batch size of our llama.cpp
+model, started on first use, held stopped (SIGSTOP) between its requests so that idle worker
+threads take no CPU from the method being timed, and terminated at exit. A run POSTs /completion
+with the prompt as token ids (so the prompt is exactly ours, chat template included), greedy (top_k
+1) or our temperature and seed without top-k/top-p, `cache_prompt` off (prefill is redone and
+timed, as for every other method), and reads back the token ids and the server's own timings:
+prompt_ms and predicted_ms, whose predicted_per_second is the decode tok/s the bench reports (the
+server, like the bench, counts the first token as the prompt's: (n - 1) / predicted time).
 
 Speculative state outlives a request in llama-server: ngram-mod keeps a server-wide n-gram table,
 ngram-map-k its map, draft-simple the draft model's cache. A second rep of the same prompt would
@@ -322,16 +323,29 @@ class LlamaServer:
             raise ServerError(f"{self.label}: {path} answered non-JSON: {err}") from None
 
     def complete(self, body: dict[str, Any]) -> Completion:
+        """One request. Between requests the process is stopped (SIGSTOP): an idle server's
+        worker threads may spin (OMP_WAIT_POLICY=ACTIVE) and would slow whatever runs next."""
         if not self.running:
             self.start()
-        _, data = self._request("POST", "/completion", body, timeout=REQUEST_TIMEOUT)
+        self._signal(signal.SIGCONT)
+        try:
+            _, data = self._request("POST", "/completion", body, timeout=REQUEST_TIMEOUT)
+        finally:
+            self._signal(signal.SIGSTOP)
         return parse_completion(data)
+
+    def _signal(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(sig)
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None
         if proc is not None:
             if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)  # llama-server shuts down on SIGTERM
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGCONT)  # a stopped process cannot act on SIGTERM
+                    proc.send_signal(signal.SIGTERM)  # llama-server shuts down on SIGTERM
                 try:
                     proc.wait(timeout=15)
                 except subprocess.TimeoutExpired:
