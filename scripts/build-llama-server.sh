@@ -4,7 +4,8 @@
 # llama-server peer runs the same kernels as draftless. The binary is cached under
 #   ${DRAFTLESS_CACHE:-~/.cache/draftless}/llama-server-<key>/llama-server
 # keyed by version + flags (the wheel's key), and its path is printed on stdout.
-# Idempotent: a cached binary is reused. Needs cmake and a C++ compiler; ~5-10 minutes on 2 cores.
+# Idempotent: a cached binary is reused. Needs cmake, ninja and a C++ compiler; the build took 37
+# minutes here on 2 cores shared with another build (206 steps).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

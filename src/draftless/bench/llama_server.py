@@ -52,7 +52,7 @@ from draftless.bench.runner import Job, Run, StepStats
 from draftless.models.base import Model, cache_dir
 
 BINARY_ENV = "DRAFTLESS_LLAMA_SERVER"
-BUILD_HINT = "build it with scripts/build-llama-server.sh (~10 minutes on 2 cores)"
+BUILD_HINT = "build it with scripts/build-llama-server.sh (a C++ build: 10-40 minutes on 2 cores)"
 START_TIMEOUT = 300.0  # seconds for a server to load its model(s) and answer /health
 REQUEST_TIMEOUT = 1800.0
 PLAIN_NAME = "lsrv-plain"
