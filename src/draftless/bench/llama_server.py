@@ -48,7 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from draftless.bench.runner import Job, Run, StepStats
+from draftless.bench.runner import Job, Run
+from draftless.metrics import DecodeStats
 from draftless.models.base import Model, cache_dir
 
 BINARY_ENV = "DRAFTLESS_LLAMA_SERVER"
@@ -231,7 +232,7 @@ def to_run(done: Completion, stops: frozenset[int], limit: int) -> Run:
             break
     committed = len(tokens)
     accepted = min(done.draft_accepted, max(0, committed - 1))
-    stats = StepStats(
+    stats = DecodeStats(
         steps=committed - accepted,
         committed=committed,
         drafted=done.draft_n,
@@ -432,17 +433,17 @@ def llama_server_peers(
     draft: Path | None = None,
 ) -> tuple[list[LlamaServerPeer], list[str]]:
     """The llama-server peers of a llama.cpp model, and notes (a missing binary or draft)."""
-    from draftless.bench.peers import PEER_N_CTX, _threads_of
+    from draftless.bench.peers import PEER_N_CTX
 
     binary = binary or find_binary()
     if binary is None:
         return [], [f"llama-server peers skipped: no llama-server binary; {BUILD_HINT}"]
-    path = getattr(model, "path", None)
+    path = model.path
     if path is None:
         return [], [f"llama-server peers skipped: {model.name} has no GGUF path"]
-    threads, threads_batch = _threads_of(model)
-    ctx = int(n_ctx or getattr(model, "n_ctx", 0) or PEER_N_CTX)
-    n_batch = int(getattr(model, "n_batch", 0) or 512)
+    threads = threads_batch = model.threads or os.cpu_count() or 1
+    ctx = int(n_ctx or model.n_ctx or PEER_N_CTX)
+    n_batch = 512  # the llama.cpp backend's batch
     notes: list[str] = []
     chosen = list(configs)
     if draft is None and (draft_name := DRAFT_FOR.get(Path(path).name)) is not None:

@@ -11,10 +11,10 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from draftless.cli import bench, chat, demo, generate, probe, tokenize
+from draftless.cli import bench, chat, demo, generate, probe, pull, tokenize
 from draftless.errors import UserError
 
-SUBCOMMANDS = (generate, chat, probe, tokenize, demo, bench)
+SUBCOMMANDS = (generate, chat, probe, tokenize, demo, bench, pull)
 
 
 class _Parser(argparse.ArgumentParser):

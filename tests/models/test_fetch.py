@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from draftless.cli.pull import cmd_pull, register
 from draftless.models import fetch
 from draftless.models.base import ModelError
 from draftless.models.registry import resolve
-from draftless.pull_cli import cmd_pull, register
 from model_skips import requires_model, skip_reason
 
 
