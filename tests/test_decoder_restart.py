@@ -1,5 +1,5 @@
-"""SpeculativeDecoder.restart: a generation that reuses the cache of a shared prefix equals a
-fresh decoder's generation on the same prompt (the server's KV reuse), on the exact numpy fake
+"""SpeculativeDecoder.restart: a generation that reuses the cache of a shared prefix (and the
+gates of earlier requests) equals a fresh decoder's generation on the same prompt (the server's KV reuse), on the exact numpy fake
 model: greedy and seeded sampling, plain and speculative, prompts that extend the stream, share
 part of it, or nothing."""
 
@@ -49,7 +49,7 @@ def test_a_restart_equals_a_fresh_decoder(first, second, shared, how, spec) -> N
         model,
         sampling=SamplingOptions(temperature=0.7, seed=1),  # an earlier request, other options
         source=SpeculationIndex(VOCAB),
-        options=SpecOptions(gate=False),
+        options=SpecOptions(),  # gated: its gates outlive the restart
         clock=None,
     )
     dec.append(first)
@@ -59,9 +59,7 @@ def test_a_restart_equals_a_fresh_decoder(first, second, shared, how, spec) -> N
     if not prompt:
         prompt = [1]
     old = list(dec.history)
-    kept = dec.restart(
-        prompt, sampling=sampling, source=SpeculationIndex(VOCAB) if spec else None
-    )
+    kept = dec.restart(prompt, sampling=sampling, source=SpeculationIndex(VOCAB) if spec else None)
     common = 0
     while common < min(len(prompt) - 1, len(old) - 1) and prompt[common] == old[common]:
         common += 1
@@ -73,11 +71,7 @@ def test_a_restart_equals_a_fresh_decoder(first, second, shared, how, spec) -> N
     assert reused.stop_reason == want.stop_reason
     if sampling.seed is not None:
         assert reused.seed == want.seed == sampling.seed
-    assert (reused.stats.drafted, reused.stats.accepted, reused.stats.steps) == (
-        want.stats.drafted,
-        want.stats.accepted,
-        want.stats.steps,
-    )
+    assert reused.stats.committed == len(want.token_ids)  # fresh stats
     assert dec.history == prompt + want.token_ids
     assert model._tokens == dec.history[:-1]  # the cache holds the stream but the carried
 
@@ -125,9 +119,9 @@ def test_restart_on_a_prompt_that_does_not_fit_leaves_an_empty_stream() -> None:
         dec.restart(list(range(1, 20)))
     assert dec.history == [] and model.n_past == 0 and dec.carried is None
     dec.restart([1, 2, 3])  # and it serves the next request
-    assert dec.generate(3).token_ids == fresh_run([1, 2, 3], 3, SamplingOptions(), False)[
-        0
-    ].token_ids
+    assert (
+        dec.generate(3).token_ids == fresh_run([1, 2, 3], 3, SamplingOptions(), False)[0].token_ids
+    )
 
 
 def test_restart_rejects_empty_and_out_of_vocabulary_prompts() -> None:

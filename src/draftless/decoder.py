@@ -386,10 +386,12 @@ class SpeculativeDecoder:
         """Begin a new generation on `prompt_ids`, keeping the cache rows of its longest common
         prefix with the stream (a server's next request, e.g. the next turn of a chat).
 
-        Everything but those cache rows is fresh, as in a new decoder: the sampling options
-        and their RNG, the stats, the gates, and the source (None: plain decoding), which
-        observes the whole prompt. So what follows equals a new decoder's run on the same
-        prompt. Returns the number of cache rows kept (prompt tokens not prefilled again).
+        The stream is fresh, as in a new decoder: the sampling options and their RNG, the
+        stats, and the source (None: plain decoding), which observes the whole prompt; so the
+        tokens that follow equal a new decoder's on the same prompt. The cost gates stay: what
+        a verify costs on this model and how each source member's drafts have paid is not
+        knowledge about one stream, and a short request should not pay to learn it again.
+        Returns the number of cache rows kept (prompt tokens not prefilled again).
 
         Worked example: stream [5 9 2 7 4] (cache 5 9 2 7, 4 carried); restart([5, 9, 2, 7,
         1, 3]) keeps the 4 rows of 5 9 2 7, prefills [1], carries 3 and returns 4.
@@ -409,7 +411,6 @@ class SpeculativeDecoder:
         self.sampling = sampling or SamplingOptions()
         self.rng, self.seed = make_rng(self.sampling.seed)
         self.source = source
-        self.gates = {}
         self.stats = DecodeStats()
         self._shadow = None
         try:

@@ -1,0 +1,5 @@
+import sys
+
+from draftless.serve.cli import main
+
+sys.exit(main())
