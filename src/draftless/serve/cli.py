@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -84,19 +85,34 @@ def build_app(args: argparse.Namespace) -> Any:
     return create_app(engine)
 
 
+class _Stopped(Exception):
+    pass
+
+
+def _stopped(signum: int, frame: Any) -> None:
+    raise _Stopped
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     app = build_app(args)
     # uvicorn handles SIGINT/SIGTERM: it stops accepting, lets in-flight requests finish
     # (streams end), then the app's lifespan cancels what still waits and joins the worker.
-    uvicorn.run(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        timeout_graceful_shutdown=10,
-    )
+    # Afterwards it raises the signal again for the handler it found; ours ends with status 0.
+    previous = signal.signal(signal.SIGTERM, _stopped)
+    try:
+        uvicorn.run(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            timeout_graceful_shutdown=10,
+        )
+    except (_Stopped, KeyboardInterrupt):
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0
 
 

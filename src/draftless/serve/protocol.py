@@ -13,7 +13,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from draftless.errors import UsageError
 from draftless.sampling import SamplingOptions
@@ -158,13 +158,15 @@ class ChatRequest(_Params):
 class CompletionRequest(_Params):
     prompt: str | list[str]
 
-    @model_validator(mode="after")
-    def _one_prompt(self) -> CompletionRequest:
-        if isinstance(self.prompt, list) and len(self.prompt) != 1:
-            raise ValueError(f"prompt must be one string, got a list of {len(self.prompt)}")
-        if not self.text().strip():
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, prompt: str | list[str]) -> str | list[str]:
+        if isinstance(prompt, list) and len(prompt) != 1:
+            raise ValueError(f"prompt must be one string, got a list of {len(prompt)}")
+        text = prompt if isinstance(prompt, str) else prompt[0]
+        if not text.strip():
             raise ValueError("the prompt is empty")
-        return self
+        return prompt
 
     def text(self) -> str:
         return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
