@@ -1,7 +1,7 @@
 """SpeculativeDecoder.restart: a generation that reuses the cache of a shared prefix (and the
-gates of earlier requests) equals a fresh decoder's generation on the same prompt (the server's KV reuse), on the exact numpy fake
-model: greedy and seeded sampling, plain and speculative, prompts that extend the stream, share
-part of it, or nothing."""
+gates of earlier requests) equals a fresh decoder's generation on the same prompt (the server's
+KV reuse), on the exact numpy fake model: greedy and seeded sampling, plain and speculative,
+prompts that extend the stream, share part of it, or nothing."""
 
 from __future__ import annotations
 
