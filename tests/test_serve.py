@@ -393,15 +393,20 @@ def test_a_client_that_disconnects_mid_stream_frees_the_model(spec) -> None:
     still_serving(spec)
 
 
-def test_sigterm_ends_the_server_cleanly(tmp_path) -> None:
+def test_the_command_serves_spec_refs_and_ends_cleanly_on_sigterm(tmp_path) -> None:
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    ref = tmp_path / "ref.txt"
+    ref.write_text("Once upon a time there was a story that never ended.\n")
     env = {**os.environ, "PYTHONPATH": SRC}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "draftless.serve", "--port", str(port), "--n-ctx", "512"],
+        [
+            *(sys.executable, "-m", "draftless.serve", "--port", str(port), "--n-ctx", "512"),
+            *("--spec-ref", str(ref)),
+        ],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -418,6 +423,9 @@ def test_sigterm_ends_the_server_cleanly(tmp_path) -> None:
                 pass
             assert time.monotonic() < deadline
             time.sleep(0.2)
+        r = httpx.post(url + "/v1/completions", json={"prompt": "Once upon", "max_tokens": 4})
+        names = [source["name"] for source in r.json()["draftless"]["sources"]]
+        assert "server[0]" in names  # --spec-ref is a member of every request's index
         got: list[str] = []
 
         def stream() -> None:

@@ -161,3 +161,21 @@ def test_many_tasks_are_served_one_at_a_time_each_as_if_alone() -> None:
         assert asyncio.run(together()) == want
     finally:
         engine.close()
+
+
+def test_server_and_request_references_are_members_of_every_request() -> None:
+    doc = "the quick brown fox jumps over the lazy dog " * 3
+    engine = Engine(InductionModel(VOCAB, seed=5), spec=True, references=[doc])
+    try:
+        first = CompletionRequest(prompt="the quick brown", max_tokens=8, temperature=0)
+        asyncio.run(run(engine, first))
+        body = CompletionRequest(
+            prompt="say: the quick brown fox", max_tokens=8, temperature=0, references=["zz"]
+        )
+        f = finished(asyncio.run(run(engine, body)))
+        names = [s["name"] for s in f.stats["sources"]]
+        assert names == ["conversation", "server[0]", "history", "request[0]", "recycling"]
+        server = next(s for s in f.stats["sources"] if s["name"] == "server[0]")
+        assert server["drafted"] > 0  # the prompt ends inside the server's document
+    finally:
+        engine.close()
