@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -24,14 +25,16 @@ VOCAB = 60
 class Bounded(InductionModel):
     """The fake with a context size, refusing what would pass it (as llama.cpp does)."""
 
-    def __init__(self, n_ctx: int, **kw: Any) -> None:
+    def __init__(self, n_ctx: int, delay: float = 0.0, **kw: Any) -> None:
         super().__init__(VOCAB, seed=5, **kw)
         self.n_ctx = n_ctx
+        self.delay = delay  # seconds per forward: a model slow enough to be interrupted
         self.gate = threading.Event()
         self.gate.set()  # cleared: every forward waits (a long-running request)
 
     def forward(self, token_ids):
         self.gate.wait(10)
+        time.sleep(self.delay)
         if self.n_past + len(token_ids) > self.n_ctx:
             raise ContextFull(self.n_past, len(token_ids), self.n_ctx)
         return super().forward(token_ids)
@@ -94,12 +97,12 @@ def test_a_prompt_past_the_context_is_refused_and_the_next_one_served() -> None:
 
 
 def test_cancelling_stops_between_steps_and_frees_the_model() -> None:
-    engine = Engine(Bounded(n_ctx=4096), spec=True)
+    engine = Engine(Bounded(n_ctx=4096, delay=0.005), spec=True)
     try:
         long = CompletionRequest(prompt="hello", max_tokens=3000, temperature=0, stream=True)
         items = asyncio.run(run(engine, long, cancel_after=3))
         assert isinstance(items[-1], Cancelled)
-        assert engine.cancelled_runs == 1 and engine.cancelled_tokens < 50
+        assert engine.cancelled_runs == 1 and engine.cancelled_tokens < 200  # of 3000
         after = asyncio.run(run(engine, CompletionRequest(prompt="hello", max_tokens=5)))
         assert finished(after).completion_tokens == 5
     finally:
