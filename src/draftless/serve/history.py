@@ -6,12 +6,14 @@ drafts from all of them: `reference()` is their concatenation, oldest first, whi
 adds to the request's SpeculationIndex as one frozen reference (a suffix automaton: the
 longest match over every earlier request at once, drafting from the latest occurrence).
 
-Bounded: each stored token is charged `BYTES_PER_TOKEN`, which covers its 4-byte copy here
-and its share of the frozen automaton built from the concatenation (measured bound: <= 108 B a
-token, see the test). Adding a stream evicts the oldest ones until the charge fits the budget;
-a stream larger than the whole budget keeps only its newest tokens. A stream that a new one
-extends (the previous turn of the same chat) is dropped as superseded, so a conversation is
-held once, not once per turn.
+Bounded: each stored token is charged `BYTES_PER_TOKEN`, which covers its two 4-byte copies
+here (its entry and the cached concatenation) and its share of the frozen automaton built from
+the concatenation (<= ~108 B a token; the hypothesis test checks the sum against the real
+index's nbytes). Building that automaton peaks higher for a moment (its edge lists).
+Adding a stream evicts the oldest ones until the charge fits the budget; a stream larger than
+the whole budget keeps only its newest tokens. A stream that a new one extends (the previous
+turn of the same chat) is dropped as superseded, so a conversation is held once, not once per
+turn.
 
     h = RequestHistory(budget=1 << 20)
     h.add([1, 2, 3]); h.add([1, 2, 3, 4, 5])   # the second extends the first: one entry
@@ -25,7 +27,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-BYTES_PER_TOKEN = 128  # charge per stored token: 4 B copy + <= 108 B of frozen automaton
+BYTES_PER_TOKEN = 128  # charge per stored token: 2 x 4 B copies + <= 108 B of automaton
 OVERHEAD_BYTES = 4096  # the automaton's fixed part (minimum table sizes)
 
 
