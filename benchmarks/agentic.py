@@ -11,10 +11,12 @@ server's session must equal its plain partner's, request by request.
         --plain-of ngram=plain
     PYTHONPATH=src python benchmarks/agentic.py --url mine=http://127.0.0.1:8000
 
---server NAME=COMMAND starts COMMAND ({port} is filled in) for its session and stops it after;
+--server NAME=COMMAND starts COMMAND ({port} is filled in) and stops it at the end;
 --url NAME=URL drives a server that is already running; --plain-of NAME=PLAIN says which run
 NAME's outputs must equal. Without --server/--url: draftless with and without --no-spec.
-Servers run one at a time. Reported per server: total wall time, decode tokens/s per request
+All servers are up together and take turns request by request (lockstep), so a shared
+machine's changing load falls on every server alike; two requests never overlap.
+Reported per server: total wall time, decode tokens/s per request
 (the server's own timing: draftless's `draftless.decode_tokens_per_second`, llama-server's
 `timings.predicted_per_second`), drafted/accepted, and whether each output equals its plain's.
 """
@@ -27,6 +29,7 @@ import re
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -103,42 +106,49 @@ def next_file(reply: str, previous: str) -> str:
     return code if code.strip() else previous
 
 
-def session(url: str, n: int, max_tokens: int) -> list[dict[str, Any]]:
-    rows = []
-    code = FILE
+def one_edit(http: httpx.Client, url: str, i: int, code: str, max_tokens: int) -> dict[str, Any]:
+    """Request i of a session on the current file `code`; its row (the reply in "text")."""
+    body = edit_request(code, EDITS[i % len(EDITS)], max_tokens)
+    t0 = time.perf_counter()
+    r = http.post(url + "/v1/chat/completions", json=body)
+    wall = time.perf_counter() - t0
+    r.raise_for_status()
+    data = r.json()
+    text = data["choices"][0]["message"]["content"]
+    use = data.get("usage") or {}
+    d, t = data.get("draftless"), data.get("timings")
+    if d is not None:
+        tps, drafted, accepted = d["decode_tokens_per_second"], d["drafted"], d["accepted"]
+    elif t is not None:  # llama-server
+        tps = t.get("predicted_per_second")
+        drafted, accepted = t.get("draft_n", 0), t.get("draft_n_accepted", 0)
+    else:
+        tps = (use.get("completion_tokens") or 0) / wall if wall else None
+        drafted = accepted = 0
+    return {
+        "request": i,
+        "prompt_tokens": use.get("prompt_tokens"),
+        "completion_tokens": use.get("completion_tokens"),
+        "finish_reason": data["choices"][0]["finish_reason"],
+        "wall_seconds": round(wall, 3),
+        "decode_tokens_per_second": tps,
+        "drafted": drafted,
+        "accepted": accepted,
+        "text": text,
+    }
+
+
+def sessions(urls: dict[str, str], n: int, max_tokens: int) -> dict[str, list[dict[str, Any]]]:
+    """Every server's session, in lockstep: request i goes to each server in turn before
+    request i + 1, so a shared machine's changing load falls on all of them alike."""
+    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in urls}
+    code = dict.fromkeys(urls, FILE)
     with httpx.Client(timeout=900) as http:
         for i in range(n):
-            body = edit_request(code, EDITS[i % len(EDITS)], max_tokens)
-            t0 = time.perf_counter()
-            r = http.post(url + "/v1/chat/completions", json=body)
-            wall = time.perf_counter() - t0
-            r.raise_for_status()
-            data = r.json()
-            text = data["choices"][0]["message"]["content"]
-            use = data.get("usage") or {}
-            d, t = data.get("draftless"), data.get("timings")
-            if d is not None:
-                tps, drafted, accepted = d["decode_tokens_per_second"], d["drafted"], d["accepted"]
-            elif t is not None:  # llama-server
-                tps = t.get("predicted_per_second")
-                drafted, accepted = t.get("draft_n", 0), t.get("draft_n_accepted", 0)
-            else:
-                tps = (use.get("completion_tokens") or 0) / wall if wall else None
-                drafted = accepted = 0
-            rows.append(
-                {
-                    "request": i,
-                    "prompt_tokens": use.get("prompt_tokens"),
-                    "completion_tokens": use.get("completion_tokens"),
-                    "finish_reason": data["choices"][0]["finish_reason"],
-                    "wall_seconds": round(wall, 3),
-                    "decode_tokens_per_second": tps,
-                    "drafted": drafted,
-                    "accepted": accepted,
-                    "text": text,
-                }
-            )
-            code = next_file(text, code)
+            for name, url in urls.items():
+                row = one_edit(http, url, i, code[name], max_tokens)
+                rows[name].append(row)
+                code[name] = next_file(row["text"], code[name])
     return rows
 
 
@@ -176,12 +186,10 @@ def main() -> int:
         }
         plain_of = {"draftless-spec": "draftless-plain"}
     logs = Path(tempfile.mkdtemp(prefix="agentic-"))
-    runs: dict[str, list[dict[str, Any]]] = {}
-    for name, url in urls.items():
-        runs[name] = session(url, args.requests, args.max_tokens)
-    for name, command in servers.items():
-        with running(command, log=logs / f"{name}.log") as url:
-            runs[name] = session(url, args.requests, args.max_tokens)
+    with ExitStack() as stack:  # every server up at once; they take turns, never overlap
+        for name, command in servers.items():
+            urls[name] = stack.enter_context(running(command, log=logs / f"{name}.log"))
+        runs = sessions(urls, args.requests, args.max_tokens)
 
     print(
         f"agentic: {args.requests} successive edits of one {len(FILE.splitlines())}-line file, "
