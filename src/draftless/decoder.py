@@ -445,6 +445,64 @@ class SpeculativeDecoder:
         reason = self.stop_reason(out, max_new_tokens, stops)
         return GenerationResult(out, reason, time.perf_counter() - t0, self.stats, self.seed)
 
+    def restart(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        sampling: SamplingOptions | None = None,
+        source: DraftSource | None = None,
+    ) -> int:
+        """Begin a new generation on `prompt_ids`, keeping the cache rows of its longest common
+        prefix with the stream (a server's next request, e.g. the next turn of a chat).
+
+        The stream is fresh, as in a new decoder: the sampling options and their RNG, the
+        stats, and the source (None: plain decoding), which observes the whole prompt; so the
+        tokens that follow equal a new decoder's on the same prompt. The cost gates stay: what
+        a verify costs on this model and how each source member's drafts have paid is not
+        knowledge about one stream, and a short request should not pay to learn it again.
+        Returns the number of cache rows kept (prompt tokens not prefilled again).
+
+        Worked example: stream [5 9 2 7 4] (cache 5 9 2 7, 4 carried); restart([5, 9, 2, 7,
+        1, 3]) keeps the 4 rows of 5 9 2 7, prefills [1], carries 3 and returns 4.
+        On an error (e.g. ContextFull) the stream is reset to empty.
+        """
+        ids = [int(t) for t in prompt_ids]
+        if not ids:
+            raise ValueError("restart needs a non-empty prompt")
+        bad = [t for t in ids if not 0 <= t < self.vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {self.vocab})")
+        if source is not None:
+            check_source(source)
+        n_ctx = self.model.n_ctx
+        with self._owning():
+            if n_ctx is not None and len(ids) > n_ctx:
+                self.reset()
+                raise ContextFull(0, len(ids), n_ctx)
+            # The cache holds history[:-1]; the prompt's last token is carried, never cached.
+            limit = min(len(ids) - 1, self.model.n_past, len(self.history))
+            keep = 0
+            while keep < limit and self.history[keep] == ids[keep]:
+                keep += 1
+            self.sampling = sampling or SamplingOptions()
+            self.rng, self.seed = make_rng(self.sampling.seed)
+            self.source = source
+            self.stats = DecodeStats()
+            self._shadows.clear()
+            self._since_reject = None
+            try:
+                self.model.truncate(keep)
+                if keep < len(ids) - 1:
+                    self.model.prefill(ids[keep:-1])
+            except BaseException:
+                self.reset()
+                raise
+            self.history = ids
+            self.carried = ids[-1]
+        if source is not None:
+            source.observe(ids)
+        return keep
+
 
 def topk_rows(rows: np.ndarray, k: int) -> np.ndarray:
     """Top-k token ids of each row, best first (ties: lower id first): [m, k] int32."""

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from draftless.bench import llama_server as ls
-from draftless.bench.runner import Job, StepStats
+from draftless.bench.runner import Job
+from draftless.metrics import DecodeStats
 
 FAKE = Path(__file__).with_name("fake_llama_server.py")
 
@@ -31,7 +32,7 @@ class FakeModel:
     eos_token_ids: tuple[int, ...] = (2,)
     n_ctx: int = 1024
     n_batch: int = 256
-    n_threads: int = 2
+    threads: int = 2
     tokenizer: object = field(default=None)
 
 
@@ -142,7 +143,7 @@ def test_parse_and_time_an_answer() -> None:
     assert run.seconds == pytest.approx(0.090)
     # the runner's decode tok/s is the server's own predicted_per_second
     assert run.decode_tokens / run.decode_seconds == pytest.approx(done.predicted_per_second)
-    assert run.stats == StepStats(steps=2, committed=3, drafted=4, accepted=1)
+    assert run.stats == DecodeStats(steps=2, committed=3, drafted=4, accepted=1)
 
 
 def test_answer_cut_at_our_stop_and_limit() -> None:

@@ -433,8 +433,6 @@ def llama_server_peers(
     draft: Path | None = None,
 ) -> tuple[list[LlamaServerPeer], list[str]]:
     """The llama-server peers of a llama.cpp model, and notes (a missing binary or draft)."""
-    from draftless.bench.peers import PEER_N_CTX
-
     binary = binary or find_binary()
     if binary is None:
         return [], [f"llama-server peers skipped: no llama-server binary; {BUILD_HINT}"]
@@ -442,7 +440,7 @@ def llama_server_peers(
     if path is None:
         return [], [f"llama-server peers skipped: {model.name} has no GGUF path"]
     threads = threads_batch = model.threads or os.cpu_count() or 1
-    ctx = int(n_ctx or model.n_ctx or PEER_N_CTX)
+    ctx = int(n_ctx or model.n_ctx or 2048)
     n_batch = 512  # the llama.cpp backend's batch
     notes: list[str] = []
     chosen = list(configs)

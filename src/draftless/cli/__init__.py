@@ -11,10 +11,10 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from draftless.cli import bench, chat, demo, generate, probe, pull, tokenize
+from draftless.cli import bench, chat, demo, generate, probe, pull, serve, tokenize
 from draftless.errors import UserError
 
-SUBCOMMANDS = (generate, chat, probe, tokenize, demo, bench, pull)
+SUBCOMMANDS = (generate, chat, serve, probe, tokenize, demo, bench, pull)
 
 
 class _Parser(argparse.ArgumentParser):

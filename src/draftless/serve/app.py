@@ -1,0 +1,198 @@
+"""The HTTP layer (FastAPI): parse a request, queue it on the engine, answer or stream.
+
+Nothing here touches the model; see engine.py for the one place concurrency is decided.
+Every error is OpenAI-shaped, `{"error": {"message", "type", "param", "code"}}`: 400 for a bad
+request (malformed JSON, a field of the wrong type or range, a prompt past the context), 404
+for an unknown path, 503 while shutting down, 500 for a bug (whose traceback is logged).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sse_starlette import EventSourceResponse
+from starlette.exceptions import HTTPException
+
+from draftless.errors import UserError
+from draftless.sampling import OptionsError
+from draftless.serve import protocol as wire
+from draftless.serve.engine import Cancelled, Engine, Finished, Job, ServerClosing, Started
+
+log = logging.getLogger("draftless.serve")
+DISCONNECT_POLL = 0.25  # seconds between checks that a waiting client is still there
+
+
+class ClientGone(Exception):
+    pass
+
+
+def error_response(err: BaseException) -> JSONResponse:
+    if isinstance(err, ServerClosing | Cancelled):
+        body = wire.error_body(str(err) or "cancelled", type="server_error", code="unavailable")
+        return JSONResponse(body, status_code=503)
+    if isinstance(err, wire.RequestError):
+        return JSONResponse(wire.error_body(str(err), param=err.param, code=err.code), 400)
+    if isinstance(err, UserError | OptionsError):
+        return JSONResponse(wire.error_body(str(err)), status_code=400)
+    log.error("request failed", exc_info=err)
+    body = wire.error_body(f"internal error: {type(err).__name__}", type="server_error")
+    return JSONResponse(body, status_code=500)
+
+
+def create_app(engine: Engine) -> FastAPI:
+    model_name = engine.model.name
+    metrics = engine.metrics
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await asyncio.to_thread(engine.close)  # cancels what still waits; joins the worker
+
+    app = FastAPI(title="draftless", lifespan=lifespan)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+        param = ".".join(loc) or None
+        message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+        if first.get("type") == "json_invalid":
+            message, param = f"malformed JSON: {first.get('ctx', {}).get('error', message)}", None
+        elif param:
+            message = f"{param}: {message}"
+        endpoint = request.url.path
+        metrics.requests.labels(endpoint, "400").inc()
+        return JSONResponse(wire.error_body(message, param=param), status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        body = wire.error_body(str(exc.detail), type=kind)
+        return JSONResponse(body, status_code=exc.status_code)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if not engine.alive:
+            return JSONResponse({"status": "unavailable"}, status_code=503)
+        return JSONResponse({"status": "ok", "model": model_name, "spec": engine.spec})
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        entry = {"id": model_name, "object": "model", "created": 0, "owned_by": "draftless"}
+        return {"object": "list", "data": [entry]}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: wire.ChatRequest, request: Request) -> Response:
+        return await serve(body, request, "/v1/chat/completions")
+
+    @app.post("/v1/completions")
+    async def completions(body: wire.CompletionRequest, request: Request) -> Response:
+        return await serve(body, request, "/v1/completions")
+
+    async def serve(
+        params: wire.ChatRequest | wire.CompletionRequest, request: Request, endpoint: str
+    ) -> Response:
+        job = Job(params, asyncio.get_running_loop())
+        try:
+            engine.submit(job)
+        except ServerClosing as err:
+            return answer(endpoint, error_response(err))
+        handed_over = False
+        try:
+            first = await receive(job, request)
+            if not isinstance(first, Started):
+                return answer(endpoint, error_response(first))
+            if params.stream:
+                handed_over = True  # the event stream owns the job from here
+                return EventSourceResponse(events(job, params, endpoint), ping=15)
+            while True:
+                item = await receive(job, request)
+                if isinstance(item, Finished):
+                    metrics.latency.observe(time.perf_counter() - job.arrived)
+                    return answer(endpoint, JSONResponse(whole(params, item)))
+                if isinstance(item, BaseException):
+                    return answer(endpoint, error_response(item))
+        except ClientGone:
+            return answer(endpoint, JSONResponse(wire.error_body("client gone"), 499))
+        finally:
+            if not handed_over:
+                job.cancelled.set()  # a no-op once finished; frees the model otherwise
+
+    async def receive(job: Job, request: Request) -> Any:
+        """The next item from the worker; ClientGone if the client disconnects meanwhile."""
+        while True:
+            try:
+                return await asyncio.wait_for(job.channel.get(), DISCONNECT_POLL)
+            except TimeoutError:
+                if await request.is_disconnected():
+                    raise ClientGone from None
+
+    def answer(endpoint: str, response: JSONResponse) -> JSONResponse:
+        metrics.requests.labels(endpoint, str(response.status_code)).inc()
+        return response
+
+    def whole(params: wire.ChatRequest | wire.CompletionRequest, f: Finished) -> dict[str, Any]:
+        use = wire.usage(f.prompt_tokens, f.completion_tokens)
+        if isinstance(params, wire.ChatRequest):
+            rid = wire.new_id("chatcmpl")
+            return wire.chat_response(rid, model_name, f.text, f.finish_reason, use, f.stats)
+        rid = wire.new_id("cmpl")
+        return wire.completion_response(rid, model_name, f.text, f.finish_reason, use, f.stats)
+
+    async def events(
+        job: Job,
+        params: wire.ChatRequest | wire.CompletionRequest,
+        endpoint: str,
+    ) -> AsyncIterator[dict[str, str]]:
+        is_chat = isinstance(params, wire.ChatRequest)
+        rid = wire.new_id("chatcmpl" if is_chat else "cmpl")
+
+        def chunk(text: str, finish: str | None = None, extra: Any = None) -> dict[str, str]:
+            if is_chat:
+                delta = {"content": text} if finish is None else {}
+                body = wire.chat_chunk(rid, model_name, delta, finish, extra)
+            else:
+                body = wire.completion_chunk(rid, model_name, text, finish, extra)
+            return {"data": json.dumps(body, ensure_ascii=False)}
+
+        done = False
+        try:
+            if is_chat:
+                first = wire.chat_chunk(rid, model_name, {"role": "assistant", "content": ""})
+                yield {"data": json.dumps(first)}
+            while True:
+                item = await job.channel.get()
+                if isinstance(item, str):
+                    yield chunk(item)
+                elif isinstance(item, Finished):
+                    use = wire.usage(item.prompt_tokens, item.completion_tokens)
+                    yield chunk("", item.finish_reason, {"usage": use, "draftless": item.stats})
+                    yield {"data": "[DONE]"}
+                    done = True
+                    metrics.latency.observe(time.perf_counter() - job.arrived)
+                    metrics.requests.labels(endpoint, "200").inc()
+                    return
+                elif isinstance(item, BaseException):  # after the headers: an error event
+                    reply = error_response(item)
+                    yield {"data": bytes(reply.body).decode()}
+                    metrics.requests.labels(endpoint, str(reply.status_code)).inc()
+                    return
+        finally:
+            if not done:
+                job.cancelled.set()  # the client went away or the server shuts down
+
+    return app

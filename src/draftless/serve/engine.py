@@ -1,0 +1,312 @@
+"""The engine: where the server's concurrency is decided, once.
+
+One worker thread owns the model (tokenizer included) and serves requests one at a time, in
+arrival order, from a queue. An HTTP handler never touches the model: it submits a `Job` and
+awaits what the worker sends on the job's channel (an asyncio.Queue fed through
+`loop.call_soon_threadsafe`, the one thread-safe way into an event loop):
+
+    Started(prompt_tokens, reused_tokens)   the prompt is in the cache
+    "text", "text", ...                      streamed pieces (streaming requests only)
+    Finished(...)                            the end, with usage and speculation stats
+    an exception                             instead of any of these (the request's error)
+
+A request may wait; it is never interleaved with another. A handler whose client went away
+sets `job.cancelled`; the worker checks it between decoder steps and drops the run there,
+freeing the model for the next request.
+
+Each request runs on the same SpeculativeDecoder (`restart` keeps the KV cache of the prompt's
+longest common prefix with the previous request's stream) with a fresh SpeculationIndex over
+its prompt, its own `references`, the server's --spec-ref documents and the cross-request
+history (serve/history.py). The text, the stops and the stop reasons come from the CLI's
+`generate_text`, the loop `draftless generate` runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from draftless.decoder import SpecOptions, SpeculativeDecoder
+from draftless.errors import UserError
+from draftless.metrics import MemberStats
+from draftless.models.base import ContextFull, Model
+from draftless.serve.history import DEFAULT_INDEX_BUDGET, RequestHistory
+from draftless.serve.metrics import Metrics
+from draftless.serve.protocol import ChatRequest, CompletionRequest, RequestError
+from draftless.sources.cascade import SpeculationIndex
+from draftless.text import generate_text
+
+NO_LIMIT = 1 << 30  # tokens: "until the context ends" for a backend that does not say
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    prompt_tokens: int
+    reused_tokens: int  # prompt tokens whose cache rows were kept from the previous request
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    text: str
+    finish_reason: str  # OpenAI's: "stop" (eos, stop id or stop text) or "length"
+    prompt_tokens: int
+    completion_tokens: int  # the stop token included, as llama.cpp counts
+    stats: dict[str, Any]  # the response's `draftless` object
+
+
+class Cancelled(Exception):
+    """The client went away, or the server is shutting down."""
+
+
+class ServerClosing(UserError):
+    """The server is shutting down and takes no new requests."""
+
+
+@dataclass(eq=False)
+class Job:
+    params: ChatRequest | CompletionRequest
+    loop: asyncio.AbstractEventLoop
+    channel: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    arrived: float = field(default_factory=time.perf_counter)
+
+    @property
+    def stream(self) -> bool:
+        return self.params.stream
+
+    def send(self, item: Any) -> None:
+        """From the worker thread to the handler's event loop."""
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody listens any more
+            self.loop.call_soon_threadsafe(self.channel.put_nowait, item)
+
+
+class Engine:
+    """Serves jobs on one model from one worker thread; see the module docstring."""
+
+    def __init__(
+        self,
+        model: Model,
+        *,
+        spec: bool = True,
+        references: Sequence[str] = (),
+        index_budget: int = DEFAULT_INDEX_BUDGET,
+        options: SpecOptions | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.model = model
+        self.spec = spec
+        self.metrics = metrics or Metrics()
+        self.references = [model.tokenizer.encode(text) for text in references]
+        self.history = RequestHistory(index_budget if spec else 0)
+        self.metrics.index_budget.set(self.history.budget)
+        self.decoder = SpeculativeDecoder(model, options=options)
+        self.n_ctx: int | None = model.n_ctx
+        self._queue: queue.Queue[Job | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._current: Job | None = None
+        self.cancelled_runs = 0
+        self.cancelled_tokens = 0  # tokens the last cancelled run generated before it stopped
+        self._worker = threading.Thread(target=self._loop, name="draftless-engine", daemon=True)
+        self._worker.start()
+
+    # -- the handlers' side ----------------------------------------------------------------
+    def submit(self, job: Job) -> None:
+        with self._lock:
+            if self._closed:
+                raise ServerClosing("the server is shutting down")
+            self._queue.put(job)
+            self.metrics.queue_depth.set(self._queue.qsize())
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Refuse new jobs, cancel the waiting and the running one, stop the worker."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            while True:
+                try:
+                    job = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if job is not None:
+                    job.cancelled.set()
+                    job.send(Cancelled("the server is shutting down"))
+            current = self._current
+            if current is not None:
+                current.cancelled.set()
+            self._queue.put(None)
+        self._worker.join(timeout)
+        self.metrics.queue_depth.set(0)
+
+    @property
+    def alive(self) -> bool:
+        return self._worker.is_alive() and not self._closed
+
+    # -- the worker ------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            job = self._queue.get()
+            self.metrics.queue_depth.set(self._queue.qsize())
+            if job is None:
+                return
+            if job.cancelled.is_set():
+                job.send(Cancelled("cancelled before it started"))
+                continue
+            self._current = job
+            try:
+                job.send(self._serve(job))
+            except Cancelled as err:
+                job.send(err)  # the decoder stopped between steps: its state is whole
+            except Exception as err:  # the request's error, reported to it alone
+                if not isinstance(err, UserError):
+                    self.decoder.reset()  # an unexpected failure: trust no cached row
+                job.send(err)
+            finally:
+                self._current = None
+
+    def _serve(self, job: Job) -> Finished:
+        p, model, dec = job.params, self.model, self.decoder
+        tok = model.tokenizer
+        if isinstance(p, ChatRequest):
+            ids, what = tok.apply_chat_template(p.chat(), add_generation_prompt=True), "messages"
+        else:
+            ids, what = tok.encode(p.text(), add_special=True), "prompt"
+        if not ids:
+            raise RequestError("the prompt is empty", what)
+        if self.n_ctx is not None and len(ids) >= self.n_ctx:
+            raise RequestError(
+                f"the prompt is {len(ids):,} tokens; the context holds {self.n_ctx:,} "
+                "(the prompt and at least one generated token)",
+                what,
+                "context_length_exceeded",
+            )
+        stop_ids = frozenset(p.stop_token_ids or ())
+        bad = sorted(t for t in stop_ids if t >= model.vocab_size)
+        if bad:
+            raise RequestError(
+                f"stop_token_ids: {bad[0]} is not a token id of this model [0, {model.vocab_size})",
+                "stop_token_ids",
+            )
+        source, names = self._source(p.references or []) if self.spec else (None, [])
+        started = time.perf_counter()
+        try:
+            reused = dec.restart(ids, sampling=p.to_sampling(), source=source)
+        except ContextFull as err:
+            raise RequestError(str(err), what, "context_length_exceeded") from None
+        prefill_seconds = time.perf_counter() - started
+        job.send(Started(len(ids), reused))
+
+        room = self.n_ctx - (len(ids) - 1) if self.n_ctx is not None else NO_LIMIT
+        limit = min(p.token_limit or room, room)  # never a forward past the context's end
+        shown: list[str] = []
+
+        def emit(piece: str) -> None:  # called between decoder steps, with safe text
+            if job.cancelled.is_set():
+                raise Cancelled("the client went away")
+            shown.append(piece)
+            if job.stream:
+                job.send(piece)
+
+        eos = model.eos_token_ids | stop_ids
+        t0 = time.perf_counter()
+        try:
+            run = generate_text(
+                dec, limit, eos, p.stop_sequences, emit, interrupt=job.cancelled.is_set
+            )
+            if run.stop_reason == "interrupted":  # polled between steps, shown text or not
+                raise Cancelled("the client went away")
+            text, tokens, reason = run.text, run.token_ids, run.stop_reason
+        except Cancelled:
+            self.cancelled_runs += 1
+            self.cancelled_tokens = len(dec.history) - len(ids)  # generated before the stop
+            self.metrics.cancelled.inc()
+            raise
+        except ContextFull:  # a backend that does not tell its context size: its end
+            tokens = dec.history[len(ids) :]
+            text, reason = tok.decode(tokens, skip_special=True), "length"
+            done = "".join(shown)
+            if job.stream and text.startswith(done) and len(text) > len(done):
+                job.send(text[len(done) :])
+        seconds = time.perf_counter() - t0
+        if self.spec:
+            self.history.add([*ids, *tokens])
+        queued = started - job.arrived
+        times = (queued, prefill_seconds, seconds)
+        stats = self._stats(reason, len(ids), reused, len(tokens), times, names)
+        self._record(len(ids), reused, len(tokens))
+        finish = "length" if reason in ("length", "context") else "stop"
+        return Finished(text, finish, len(ids), len(tokens), stats)
+
+    def _source(self, texts: Sequence[str]) -> tuple[Any, list[str]]:
+        """A fresh SpeculationIndex with the server's references, the cross-request history
+        and the request's references; and the names of those references, in order."""
+        docs: list[Any] = list(self.references)  # server-wide first: their gates' names
+        names = [f"server[{i}]" for i in range(len(docs))]  # stay the same across requests
+        past = self.history.reference()
+        if past is not None:
+            docs.append(past)
+            names.append("history")
+        docs += [self.model.tokenizer.encode(text) for text in texts]
+        names += [f"request[{i}]" for i in range(len(texts))]
+        index = SpeculationIndex(self.model.vocab_size, max_references=max(8, len(docs)))
+        for doc in docs:
+            index.add_reference(doc)
+        return index, names
+
+    def _stats(
+        self,
+        reason: str,
+        prompt_tokens: int,
+        reused: int,
+        completion_tokens: int,
+        times: tuple[float, float, float],  # seconds queued, prefilling, decoding
+        names: list[str],
+    ) -> dict[str, Any]:
+        queued, prefill_seconds, seconds = times
+        dec = self.decoder
+        s = dec.stats
+        sources = []
+        members = dec.source.members() if isinstance(dec.source, SpeculationIndex) else ()
+        for member in members:
+            counts = s.members.get(member, MemberStats())
+            name = member
+            if name.startswith("reference["):
+                name = names[int(name[len("reference[") : -1])]
+            sources.append({"name": name, "drafted": counts.drafted, "accepted": counts.accepted})
+        return {
+            "spec": self.spec,
+            "stop_reason": reason,  # "stop" (eos / stop id), "stop_sequence" or "length"
+            "steps": s.steps,
+            "verify_steps": s.verify_steps,
+            "plain_steps": s.plain_steps,
+            "committed": s.committed,
+            "drafted": s.drafted,
+            "accepted": s.accepted,
+            "acceptance": round(s.acceptance, 4),
+            "tokens_per_step": round(s.tokens_per_step, 4),
+            "sources": sources,
+            "seed": dec.seed,
+            "prompt_tokens": prompt_tokens,
+            "reused_tokens": reused,
+            "queue_seconds": round(queued, 4),
+            "prefill_seconds": round(prefill_seconds, 4),
+            "decode_seconds": round(seconds, 4),
+            "decode_tokens_per_second": round(completion_tokens / seconds, 2) if seconds else 0.0,
+            "index_tokens": self.history.n_tokens,
+        }
+
+    def _record(self, prompt_tokens: int, reused: int, completion_tokens: int) -> None:
+        m, s = self.metrics, self.decoder.stats
+        m.prompt_tokens.inc(prompt_tokens)
+        m.reused_tokens.inc(reused)
+        m.completion_tokens.inc(completion_tokens)
+        m.record_decode(s.drafted, s.accepted, s.steps, s.verify_steps)
+        m.index_bytes.set(self.history.charged_bytes)
+        m.index_tokens.set(self.history.n_tokens)

@@ -1,0 +1,250 @@
+"""The OpenAI wire format: request models (validated by pydantic) and response bodies.
+
+A request is parsed into a pydantic model; `to_sampling()` and the fields go to the engine.
+Anything the library refuses later (a stop id outside the vocabulary, a prompt longer than the
+context) comes back as a `UserError` and is answered with the same error body:
+
+    {"error": {"message": "...", "type": "invalid_request_error", "param": "...", "code": ...}}
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from draftless.errors import UsageError
+from draftless.sampling import SamplingOptions
+
+MAX_STOPS = 16  # stop sequences per request
+MAX_REQUEST_REFERENCES = 4  # `references` documents per request
+MAX_REFERENCE_CHARS = 1_000_000  # characters per request reference
+MAX_SEED = 2**63 - 1
+
+
+class RequestError(UsageError):
+    """A request field the server cannot serve; `param` names it (OpenAI's error `param`)."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code
+
+
+def error_body(
+    message: str,
+    *,
+    type: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | None = None,
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+class _Params(BaseModel):
+    """Fields shared by chat and text completions (OpenAI's, then the extensions)."""
+
+    model_config = ConfigDict(extra="ignore")  # OpenAI fields this server does not use
+
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
+    stop: str | list[str] | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    # extensions (llama-server's names)
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=0)
+    repeat_penalty: float = Field(default=1.0, gt=0.0)
+    penalty_last_n: int = Field(default=64, ge=-1)
+    stop_token_ids: list[int] | None = None
+    references: list[str] | None = Field(default=None, max_length=MAX_REQUEST_REFERENCES)
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, n: int) -> int:
+        if n != 1:
+            raise ValueError(f"n must be 1 (this server generates one choice), got {n}")
+        return n
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        stops = [stop] if isinstance(stop, str) else stop or []
+        if len(stops) > MAX_STOPS:
+            raise ValueError(f"at most {MAX_STOPS} stop sequences, got {len(stops)}")
+        if any(not s for s in stops):
+            raise ValueError("a stop sequence must be non-empty text")
+        return stop
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _stop_ids(cls, ids: list[int] | None) -> list[int] | None:
+        if ids is not None and any(t < 0 for t in ids):
+            raise ValueError("stop_token_ids must be token ids (>= 0)")
+        return ids
+
+    @field_validator("references")
+    @classmethod
+    def _references(cls, refs: list[str] | None) -> list[str] | None:
+        for i, text in enumerate(refs or []):
+            if len(text) > MAX_REFERENCE_CHARS:
+                raise ValueError(
+                    f"reference {i} is {len(text):,} characters; the limit is "
+                    f"{MAX_REFERENCE_CHARS:,}"
+                )
+        return refs
+
+    # -- what the engine needs -----------------------------------------------------------
+    @property
+    def stop_sequences(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    @property
+    def token_limit(self) -> int | None:
+        """max_completion_tokens (the newer name) or max_tokens; None: up to the context."""
+        return self.max_completion_tokens or self.max_tokens
+
+    def to_sampling(self) -> SamplingOptions:
+        return SamplingOptions(
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            min_p=self.min_p,
+            repeat_penalty=self.repeat_penalty,
+            frequency_penalty=self.frequency_penalty,
+            presence_penalty=self.presence_penalty,
+            penalty_last_n=self.penalty_last_n,
+            seed=self.seed,
+        )
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ChatRequest(_Params):
+    messages: list[ChatMessage] = Field(min_length=1)
+
+    def chat(self) -> list[dict[str, str]]:
+        """The messages as the chat template wants them ("developer" is OpenAI's "system")."""
+        role = {"developer": "system"}
+        return [{"role": role.get(m.role, m.role), "content": m.text()} for m in self.messages]
+
+
+class CompletionRequest(_Params):
+    prompt: str | list[str]
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, prompt: str | list[str]) -> str | list[str]:
+        if isinstance(prompt, list) and len(prompt) != 1:
+            raise ValueError(f"prompt must be one string, got a list of {len(prompt)}")
+        text = prompt if isinstance(prompt, str) else prompt[0]
+        if not text.strip():
+            raise ValueError("the prompt is empty")
+        return prompt
+
+    def text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+
+# -- responses --------------------------------------------------------------------------
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def chat_response(
+    rid: str, model: str, text: str, finish: str, use: dict[str, int], stats: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": finish,
+                "logprobs": None,
+            }
+        ],
+        "usage": use,
+        "draftless": stats,
+    }
+
+
+def completion_response(
+    rid: str, model: str, text: str, finish: str, use: dict[str, int], stats: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
+        "usage": use,
+        "draftless": stats,
+    }
+
+
+def chat_chunk(
+    rid: str,
+    model: str,
+    delta: dict[str, str],
+    finish: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": rid,
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+    }
+    return body | (extra or {})
+
+
+def completion_chunk(
+    rid: str, model: str, text: str, finish: str | None = None, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": rid,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
+    }
+    return body | (extra or {})

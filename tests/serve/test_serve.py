@@ -1,0 +1,460 @@
+"""`draftless serve` end to end: a real uvicorn on 127.0.0.1, SmolLM2 on llama.cpp, driven by the
+official `openai` client and by raw HTTP (httpx).
+
+Lossless is checked against a second server on its own copy of the model with speculation off:
+every response of the speculating server equals the plain server's, greedy and seeded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+pytest.importorskip("llama_cpp")
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+
+from draftless.decoder import SpecOptions  # noqa: E402
+from draftless.models.base import ModelError  # noqa: E402
+from draftless.models.registry import load_model  # noqa: E402
+from serving import ServerThread, serve_model  # noqa: E402
+
+pytestmark = [pytest.mark.llamacpp, pytest.mark.slow]
+
+N_CTX = 512
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+
+def _model() -> Any:
+    try:
+        return load_model("smollm2", backend="llamacpp", n_ctx=N_CTX)
+    except ModelError as err:
+        pytest.skip(str(err))
+
+
+@pytest.fixture(scope="module")
+def spec() -> Any:
+    server = serve_model(_model(), spec=True)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def plain() -> Any:
+    server = serve_model(_model(), spec=False)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def ungated() -> Any:
+    server = serve_model(_model(), spec=True, options=SpecOptions(gate=False))
+    yield server
+    server.stop()
+
+
+def post(server: ServerThread, path: str, body: Any, **kw: Any) -> httpx.Response:
+    return httpx.post(server.url + path, json=body, timeout=120, **kw)
+
+
+def complete(server: ServerThread, body: dict[str, Any]) -> dict[str, Any]:
+    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    r = post(server, path, body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def text_of(resp: dict[str, Any]) -> str:
+    choice = resp["choices"][0]
+    return choice["message"]["content"] if "message" in choice else choice["text"]
+
+
+def streamed(server: ServerThread, body: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    """The text of a streamed request and its parsed chunks (raw SSE over httpx)."""
+    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    chunks: list[dict[str, Any]] = []
+    done = False
+    with httpx.stream("POST", server.url + path, json={**body, "stream": True}, timeout=120) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            data = line[len("data: ") :]
+            if data == "[DONE]":
+                done = True
+                continue
+            assert not done, "data after [DONE]"
+            chunks.append(json.loads(data))
+    assert done
+    text = ""
+    for c in chunks:
+        choice = c["choices"][0]
+        text += choice["delta"].get("content", "") if "delta" in choice else choice["text"]
+    return text, chunks
+
+
+def same_answer(a: dict[str, Any], b: dict[str, Any]) -> None:
+    assert text_of(a) == text_of(b)
+    assert a["choices"][0]["finish_reason"] == b["choices"][0]["finish_reason"]
+    assert a["usage"] == b["usage"]
+
+
+def assert_error(r: httpx.Response, status: int = 400) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert isinstance(err["message"], str) and err["message"]
+    return err
+
+
+def still_serving(server: ServerThread) -> None:
+    r = complete(server, {"prompt": "One, two,", "max_tokens": 3, "temperature": 0})
+    assert r["usage"]["completion_tokens"] >= 1
+
+
+CHAT = [{"role": "user", "content": "List three fruits, one per line."}]
+
+
+# -- the basics ---------------------------------------------------------------------------
+def test_models_health_and_metrics(spec: ServerThread) -> None:
+    client = openai.OpenAI(base_url=spec.url + "/v1", api_key="none")
+    assert [m.id for m in client.models.list().data] == ["smollm2"]
+    assert httpx.get(spec.url + "/health").json()["status"] == "ok"
+    still_serving(spec)
+    metrics = httpx.get(spec.url + "/metrics").text
+    for name in (
+        "draftless_requests_total",
+        "draftless_completion_tokens_total",
+        "draftless_acceptance_ratio",
+        "draftless_verify_share",
+        "draftless_queue_depth",
+        "draftless_index_bytes",
+    ):
+        assert name in metrics
+    assert_error(httpx.get(spec.url + "/v1/nowhere"), 404)
+
+
+def test_chat_through_the_openai_client_equals_no_spec(spec, plain) -> None:
+    answers = []
+    for server in (spec, plain):
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
+        r = client.chat.completions.create(
+            model="smollm2", messages=CHAT, max_tokens=40, temperature=0
+        )
+        answers.append(r)
+    a, b = answers
+    assert a.choices[0].message.content == b.choices[0].message.content
+    assert a.choices[0].message.content.strip()
+    assert a.choices[0].finish_reason == b.choices[0].finish_reason
+    assert a.usage.completion_tokens == b.usage.completion_tokens
+    stats = a.model_extra["draftless"]
+    assert stats["spec"] is True and b.model_extra["draftless"]["spec"] is False
+    assert stats["committed"] == a.usage.completion_tokens
+    assert {"steps", "drafted", "accepted", "sources"} <= set(stats)
+
+
+@pytest.mark.parametrize("seed", [1, 2024])
+def test_seeded_sampling_equals_no_spec(spec, plain, seed) -> None:
+    body = {
+        "prompt": "Once upon a time, in a small village,",
+        "max_tokens": 32,
+        "temperature": 0.9,
+        "top_p": 0.95,
+        "top_k": 40,
+        "min_p": 0.02,
+        "frequency_penalty": 0.2,
+        "presence_penalty": 0.1,
+        "repeat_penalty": 1.05,
+        "seed": seed,
+    }
+    a, b = complete(spec, body), complete(plain, body)
+    same_answer(a, b)
+    assert a["draftless"]["seed"] == seed
+    assert text_of(complete(spec, body)) == text_of(a)  # the seed reproduces it
+
+
+def test_streaming_equals_the_whole_response(spec, plain) -> None:
+    body = {"messages": CHAT, "max_tokens": 30, "temperature": 0}
+    text, chunks = streamed(spec, body)
+    whole = complete(plain, body)
+    assert text == text_of(whole)
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    last = chunks[-1]
+    assert last["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"]
+    assert last["usage"] == whole["usage"]
+    assert last["draftless"]["spec"] is True
+    # The openai client's stream parser reads the same chunks.
+    client = openai.OpenAI(base_url=spec.url + "/v1", api_key="none")
+    stream = client.chat.completions.create(
+        model="smollm2", messages=CHAT, max_tokens=30, temperature=0, stream=True
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in stream) == text
+
+
+def test_stop_strings_and_stop_ids(spec, plain) -> None:
+    prompt = "def fibonacci(n):\n"
+    free = complete(plain, {"prompt": prompt, "max_tokens": 24, "temperature": 0})
+    assert "\n" in text_of(free).strip("\n")  # the greedy text has an inner line break
+    body = {"prompt": prompt, "max_tokens": 24, "temperature": 0, "stop": ["\n", "zzz"]}
+    a, b = complete(spec, body), complete(plain, body)
+    same_answer(a, b)
+    assert "\n" not in text_of(a) and text_of(free).startswith(text_of(a))
+    assert a["choices"][0]["finish_reason"] == "stop"
+    assert a["draftless"]["stop_reason"] == "stop_sequence"
+    assert streamed(spec, {**body, "stop": "\n"})[0] == text_of(a)
+    # A stop id: the token of the greedy text's second word.
+    tok = spec.engine.model.tokenizer
+    word = text_of(free).split()[1]
+    ids = tok.encode(" " + word)
+    body = {"prompt": prompt, "max_tokens": 24, "temperature": 0, "stop_token_ids": ids[:1]}
+    a, b = complete(spec, body), complete(plain, body)
+    same_answer(a, b)
+    assert a["draftless"]["stop_reason"] == "stop"
+    assert len(text_of(a)) < len(text_of(free))
+
+
+# -- what speculation drafts from ------------------------------------------------------
+def test_request_references_draft(spec, plain) -> None:
+    body = {
+        "messages": [{"role": "user", "content": "Write a Python function that adds two numbers."}],
+        "max_tokens": 48,
+        "temperature": 0,
+    }
+    expected = text_of(complete(plain, body))
+    a = complete(spec, {**body, "references": ["unrelated words here", expected]})
+    assert text_of(a) == expected
+    sources = {s["name"]: s for s in a["draftless"]["sources"]}
+    assert sources["request[1]"]["accepted"] > 10  # the reference holds the answer
+
+
+def test_an_earlier_request_drafts_the_next(spec, ungated, plain) -> None:
+    """The cross-request index: the same question again is drafted from the earlier request's
+    answer, which is in neither its prompt nor a reference. (On a server without the cost
+    gate, whose state outlives requests, so that what is drafted is the index's doing.)"""
+    body = {
+        "messages": [{"role": "user", "content": "Name four planets of the solar system."}],
+        "max_tokens": 40,
+        "temperature": 0,
+    }
+    first = complete(ungated, body)
+    again = complete(ungated, body)
+    same_answer(again, first)
+    same_answer(again, complete(plain, body))
+    sources = {s["name"]: s for s in again["draftless"]["sources"]}
+    assert sources["history"]["accepted"] > 10, again["draftless"]
+    metrics = httpx.get(spec.url + "/metrics").text
+    line = next(x for x in metrics.splitlines() if x.startswith("draftless_index_bytes "))
+    assert 0 < float(line.split()[1]) <= spec.engine.history.budget
+
+
+def test_the_next_chat_turn_reuses_the_cache(spec, plain) -> None:
+    turn1 = {"messages": CHAT, "max_tokens": 24, "temperature": 0}
+    r1 = complete(spec, turn1)
+    messages = [
+        *CHAT,
+        {"role": "assistant", "content": text_of(r1)},
+        {"role": "user", "content": "Now three vegetables."},
+    ]
+    turn2 = {"messages": messages, "max_tokens": 24, "temperature": 0}
+    r2, p2 = complete(spec, turn2), complete(plain, turn2)
+    same_answer(r2, p2)
+    reused = r2["draftless"]["reused_tokens"]
+    assert r1["usage"]["prompt_tokens"] <= reused < r2["usage"]["prompt_tokens"]
+
+
+def test_the_context_end_is_length_not_an_error(spec, plain) -> None:
+    prompt = "Count: " + " ".join(str(i) for i in range(110))  # ~ 400 tokens of 512
+    body = {"prompt": prompt, "temperature": 0}  # no max_tokens: up to the context's end
+    a, b = complete(spec, body), complete(plain, body)
+    same_answer(a, b)
+    assert a["choices"][0]["finish_reason"] == "length"
+    assert a["usage"]["prompt_tokens"] - 1 + a["usage"]["completion_tokens"] == N_CTX
+    still_serving(spec)
+
+
+# -- bad requests: 4xx, OpenAI-shaped, and the server keeps serving ----------------------
+GOOD_CHAT = {"messages": CHAT, "max_tokens": 2}
+BAD = [
+    ("/v1/chat/completions", b'{"messages": [', None),
+    ("/v1/chat/completions", b"\xff\xfe not json", None),
+    ("/v1/chat/completions", {"messages": "hello"}, "messages"),
+    ("/v1/chat/completions", {**GOOD_CHAT, "max_tokens": "ten"}, "max_tokens"),
+    ("/v1/chat/completions", {**GOOD_CHAT, "temperature": "hot"}, "temperature"),
+    ("/v1/chat/completions", {**GOOD_CHAT, "max_tokens": -5}, "max_tokens"),
+    ("/v1/chat/completions", {**GOOD_CHAT, "max_tokens": 0}, "max_tokens"),
+    ("/v1/chat/completions", {"messages": [], "max_tokens": 2}, "messages"),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "wizard", "content": "hi"}]},
+        "messages.0.role",
+    ),
+    ("/v1/chat/completions", {"messages": [{"content": "hi"}]}, "messages.0.role"),
+    ("/v1/chat/completions", {**GOOD_CHAT, "n": 2}, "n"),
+    ("/v1/chat/completions", {**GOOD_CHAT, "top_p": 0}, "top_p"),
+    ("/v1/chat/completions", {**GOOD_CHAT, "stop": ""}, "stop"),
+    ("/v1/chat/completions", {**GOOD_CHAT, "stop_token_ids": [10**9]}, "stop_token_ids"),
+    ("/v1/chat/completions", {**GOOD_CHAT, "references": ["x" * 1_000_001]}, "references"),
+    ("/v1/chat/completions", {**GOOD_CHAT, "references": ["a"] * 5}, "references"),
+    ("/v1/chat/completions", {**GOOD_CHAT, "references": [3]}, "references.0"),
+    ("/v1/completions", {"prompt": "   "}, "prompt"),
+    ("/v1/completions", {"prompt": ["a", "b"]}, "prompt"),
+    ("/v1/completions", {"prompt": "word " * 1500}, "prompt"),  # > N_CTX tokens
+    ("/v1/completions", [1, 2, 3], None),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param"), BAD)
+def test_bad_requests_get_a_4xx_and_the_server_keeps_serving(spec, path, body, param) -> None:
+    if isinstance(body, bytes):
+        r = httpx.post(spec.url + path, content=body, headers={"content-type": "application/json"})
+    else:
+        r = post(spec, path, body)
+    err = assert_error(r)
+    if param is not None:
+        assert err["param"] == param
+    assert complete(spec, GOOD_CHAT)["usage"]["completion_tokens"] >= 1
+
+
+def test_the_openai_client_sees_bad_requests_as_such(spec) -> None:
+    client = openai.OpenAI(base_url=spec.url + "/v1", api_key="none", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="smollm2", messages=[], max_tokens=2)
+    assert info.value.body["param"] == "messages"
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="smollm2", prompt="word " * 1500, max_tokens=2)
+    assert info.value.body["code"] == "context_length_exceeded"
+    still_serving(spec)
+
+
+# -- concurrency, disconnects, shutdown ---------------------------------------------------
+def _mixed_requests() -> list[dict[str, Any]]:
+    prompts = ["The capital of France is", "def add(a, b):", "Roses are red,", "1, 2, 3, 4,"]
+    out = []
+    for c, prompt in enumerate(prompts):
+        for i in range(3):
+            body: dict[str, Any] = {"prompt": prompt, "max_tokens": 12}
+            if (c + i) % 2:
+                body |= {"temperature": 0.8, "seed": 10 * c + i}
+            else:
+                body |= {"temperature": 0}
+            body["stream"] = (c + i) % 3 == 0
+            out.append(body)
+    return out
+
+
+def test_concurrent_clients_each_get_their_own_answer(spec, plain) -> None:
+    requests = _mixed_requests()
+    alone = [text_of(complete(plain, {**b, "stream": False})) for b in requests]
+
+    def client(c: int) -> list[str]:
+        got = []
+        for body in requests[3 * c : 3 * c + 3]:
+            if body["stream"]:
+                got.append(streamed(spec, body)[0])
+            else:
+                got.append(text_of(complete(spec, body)))
+        return got
+
+    with ThreadPoolExecutor(4) as pool:
+        results = [t for got in pool.map(client, range(4)) for t in got]
+    assert results == alone
+
+
+def test_a_client_that_disconnects_mid_stream_frees_the_model(spec) -> None:
+    before = spec.engine.cancelled_runs
+    body = {"prompt": "Once upon a time, a dragon", "max_tokens": 400, "temperature": 0}
+    with httpx.stream(
+        "POST", spec.url + "/v1/completions", json={**body, "stream": True}, timeout=60
+    ) as r:
+        lines = r.iter_lines()
+        seen = 0
+        for line in lines:
+            seen += line.startswith("data: ")
+            if seen == 3:
+                break  # hang up after three chunks
+        assert seen == 3
+    deadline = time.monotonic() + 60
+    while spec.engine.cancelled_runs == before:
+        assert time.monotonic() < deadline, "the run was never cancelled"
+        time.sleep(0.05)
+    assert spec.engine.cancelled_tokens < 100  # stopped within a few steps, not at 400
+    still_serving(spec)
+
+
+def test_the_command_serves_spec_refs_and_ends_cleanly_on_sigterm(tmp_path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ref = tmp_path / "ref.txt"
+    ref.write_text("Once upon a time there was a story that never ended.\n")
+    env = {**os.environ, "PYTHONPATH": SRC}
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "draftless", "serve", "--port", str(port), "--n-ctx", "512"),
+            *("--spec-ref", str(ref)),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        r = httpx.post(url + "/v1/completions", json={"prompt": "Once upon", "max_tokens": 4})
+        names = [source["name"] for source in r.json()["draftless"]["sources"]]
+        assert "server[0]" in names  # --spec-ref is a member of every request's index
+        got: list[str] = []
+
+        def stream() -> None:
+            body = {"prompt": "Tell me a story.", "max_tokens": 400, "stream": True}
+            try:
+                with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+                    for line in r.iter_lines():
+                        got.append(line)
+            except httpx.TransportError:
+                got.append("<closed>")
+
+        t = threading.Thread(target=stream)
+        t.start()
+        while not any(x.startswith("data: ") for x in got):
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        t.join(10)
+        assert not t.is_alive()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_cli_refuses_bad_options_in_one_line(capsys) -> None:
+    from draftless.cli import main
+
+    assert main(["serve", "--port", "70000"]) == 2
+    assert capsys.readouterr().err.startswith("draftless: error: --port")
+    assert main(["serve", "--no-spec", "--spec-ref", "x.txt"]) == 2
+    assert main(["serve", "--index-budget", "-1"]) == 2
