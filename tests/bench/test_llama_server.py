@@ -197,7 +197,7 @@ def test_peers_drive_the_fake_server_end_to_end(fake_binary: Path, tmp_path: Pat
             kind = argv[argv.index("--spec-type") + 1] if "--spec-type" in argv else "plain"
             per_config[kind] = per_config.get(kind, 0) + 1
             assert _pairs(argv)["--threads"] == "2" and _pairs(argv)["--ctx-size"] == "1024"
-            assert _pairs(argv)["--batch-size"] == "256"
+            assert _pairs(argv)["--batch-size"] == "512"  # the backend batch
         assert per_config == {
             "plain": 1,
             "ngram-simple": 1,
