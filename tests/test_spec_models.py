@@ -1,7 +1,7 @@
 """SmolLM2 on both backends: greedy speculative output equals plain output, token for token.
 
-The backends run with their defaults (llama.cpp: one thread, the setting under which its
-batch and single-step logits are bitwise equal; transformers: fp32). A divergence is
+The backends run with their defaults (llama.cpp: every core, in the configuration under which
+its batch and single-step logits are bitwise equal; transformers: fp32). A divergence is
 reported with its position and the plain run's top-2 logit margin there.
 """
 
@@ -91,3 +91,45 @@ def test_greedy_speculative_equals_plain(model, name: str) -> None:
             )
     if name != "free-form":
         assert spec.stats.accepted > 0  # the index really drafted and the model agreed
+
+
+def test_threads_sharing_one_model_each_get_what_they_would_alone(model) -> None:
+    """4 threads x 5 generations on one loaded model, greedy and seeded sampling, plain and
+    speculative: each result equals the same generation run alone (it used to corrupt the
+    cache and abort in ggml)."""
+    import threading
+
+    from draftless.sampling import SamplingOptions
+
+    if model.backend != "llamacpp":
+        pytest.skip("one backend is enough for the lock; transformers is slow here")
+    prompts = [encode(model, *PROMPTS[name]) for name in PROMPTS]
+
+    def job(i: int, j: int):
+        sampling = SamplingOptions(temperature=0.8, top_p=0.95, seed=10 * i + j) if j % 2 else None
+        source = SpeculationIndex(model.vocab_size) if (i + j) % 2 else None
+        return prompts[i], sampling, source
+
+    def run(i: int, j: int) -> list[int]:
+        ids, sampling, source = job(i, j)
+        options = SpecOptions(gate=False)
+        return generate(model, ids, 12, sampling=sampling, source=source, options=options).token_ids
+
+    alone = {(i, j): run(i, j) for i in range(4) for j in range(5)}
+    results: dict[tuple[int, int], list[int]] = {}
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        try:
+            for j in range(5):
+                results[i, j] = run(i, j)
+        except BaseException as err:  # reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert not errors
+    assert results == alone
