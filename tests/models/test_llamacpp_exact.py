@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from model_skips import cached_model, skip_reason
+
 pytest.importorskip("llama_cpp")
 
 from draftless.models.base import ModelError
@@ -66,6 +68,8 @@ def gemma(request: pytest.FixtureRequest) -> Iterator[LlamaCppModel]:
 
 @pytest.fixture(scope="module", params=[1, 2], ids=lambda t: f"threads={t}")
 def qwen(request: pytest.FixtureRequest) -> Iterator[LlamaCppModel]:
+    if cached_model("qwen2.5-coder-1.5b") is None:  # never fetch 1.1 GB in a test
+        pytest.skip(skip_reason("qwen2.5-coder-1.5b"))
     yield from _load("qwen2.5-coder-1.5b", request.param)
 
 
