@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,8 @@ from draftless.bench.peers import peer_stats
 from draftless.bench.runner import DRAFTLESS, PLAIN, Settings, first_mismatch
 from draftless.bench.tasks import MIN_PROMPTS, TASK_ORDER, TaskError, load_task, load_tasks
 from draftless.cli import main
-from draftless.cli.bench import bench_backend, build_result
+from draftless.cli.bench import bench_backend, build_result, select_peers
+from draftless.errors import UsageError
 from fakes import InductionModel
 
 
@@ -177,13 +179,67 @@ def test_bad_task_name_is_one_line_error(capsys: pytest.CaptureFixture[str]) -> 
     assert err.startswith("draftless: error: unknown task 'no-such-task': use one of ")
 
 
-@pytest.mark.parametrize("flag", [["--reps", "0"], ["--max-new-tokens", "0"], ["--prompts", "0"]])
+@pytest.mark.parametrize(
+    "flag",
+    [
+        ["--reps", "0"],
+        ["--max-new-tokens", "0"],
+        ["--prompts", "0"],
+        ["--threads", "0"],
+        ["--no-peers", "--peers", "lsrv-ngram-mod"],
+    ],
+)
 def test_bad_numbers_are_one_line_errors(
     flag: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["bench", *flag]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("draftless: error: --")
+
+
+@dataclass
+class _Peer:
+    name: str
+    baseline: str | None
+
+
+def test_selected_peers_bring_their_baselines_and_keep_their_order() -> None:
+    peers = [
+        _Peer("lcp-generate", None),
+        _Peer("lcp-pld-2", "lcp-generate"),
+        _Peer("lsrv-plain", None),
+        _Peer("lsrv-ngram-mod", "lsrv-plain"),
+        _Peer("lsrv-ngram-simple", "lsrv-plain"),
+    ]
+    chosen = select_peers(peers, ["lsrv-ngram-simple", "lcp-pld-2"])  # type: ignore[arg-type]
+    assert [p.name for p in chosen] == [
+        "lcp-generate",
+        "lcp-pld-2",
+        "lsrv-plain",
+        "lsrv-ngram-simple",
+    ]
+    assert [p.name for p in select_peers(peers, ["lsrv-plain"])] == ["lsrv-plain"]  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match=r"unknown peer 'lsrv-eagle'; this backend has: lcp-"):
+        select_peers(peers, ["lsrv-ngram-mod", "lsrv-eagle"])  # type: ignore[arg-type]
+
+
+def test_threads_reach_the_model_and_the_report(cache: Path) -> None:
+    tasks = load_tasks(["repetition"])
+    settings = Settings(
+        quick=True,
+        reps=1,
+        max_new_tokens=8,
+        prompts_per_task=1,
+        tasks=("repetition",),
+        backends=("fake",),
+        peers=False,
+    )
+    model = InductionModel(vocab=50, seed=0)
+    model.threads = 3  # type: ignore[misc]
+    backend = bench_backend(lambda: model, tasks, settings)
+    assert backend.threads == 3
+    md = report.markdown(build_result("draftless bench", settings, [backend], 1.0))
+    assert "; 3 threads." in md
 
 
 # -- a peer's first-forward accounting, on a tiny transformers model -------------------------------

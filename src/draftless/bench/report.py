@@ -259,7 +259,9 @@ def _backend_md(w: Any, b: BackendResult) -> None:
     costs = ", ".join(f"C({k})={c:.2f}" for k, c in zip(ct["ks"], ct["costs"], strict=True))
     w(
         f"Verify costs the gate used ({ct['origin']}): {costs} plain steps. "
-        f"Model load {b.load_seconds:.1f} s; run {b.seconds / 60:.1f} min.\n\n"
+        f"Model load {b.load_seconds:.1f} s; run {b.seconds / 60:.1f} min"
+        + (f"; {b.threads} thread{'s' if b.threads != 1 else ''}" if b.threads else "")
+        + ".\n\n"
     )
     for note in b.notes:
         w(f"- {note}\n")

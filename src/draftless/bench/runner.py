@@ -217,6 +217,7 @@ class BackendResult:
     load_seconds: float
     tasks: tuple[TaskResult, ...]
     seconds: float  # wall time of this backend's whole run
+    threads: int | None = None  # the model's CPU threads (None: the backend does not say)
 
 
 @dataclass(frozen=True, slots=True)

@@ -100,7 +100,21 @@ def register(subparsers: Any) -> None:
         "--prompts", type=int, default=None, help="prompts per task (default all; quick 2)"
     )
     p.add_argument("--out", default="bench-out", help="output directory (default bench-out)")
-    p.add_argument("--no-peers", action="store_true", help="skip transformers/llama-cpp-python")
+    p.add_argument("--no-peers", action="store_true", help="skip every peer")
+    p.add_argument(
+        "--peers",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="run only these peers (e.g. lsrv-ngram-mod lcp-pld-2; each with its own plain "
+        "baseline); an unknown name lists the peers the backend has",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads for the model and the peers (default: the backend's; at most the cores)",
+    )
     p.add_argument("--max-draft", type=int, default=MAX_DRAFT)
     p.add_argument(
         "--probe",
@@ -125,6 +139,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise _usage_error(f"--prompts must be >= 1, got {prompts}")
     if args.max_draft < 1:
         raise _usage_error(f"--max-draft must be >= 1, got {args.max_draft}")
+    if args.threads is not None and args.threads < 1:
+        raise _usage_error(f"--threads must be >= 1, got {args.threads}")
+    if args.no_peers and args.peers:
+        raise _usage_error("--no-peers and --peers exclude each other")
+    only_peers = _task_list(args.peers, what="--peers", item="peer name")
     names = _task_list(args.tasks)
     try:
         tasks = load_tasks(names)
@@ -147,10 +166,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
         options: dict[str, Any] = {"n_ctx": N_CTX}
         if args.device and name == "hf":
             options["device"] = args.device
+        if args.threads is not None:
+            options["n_threads"] = args.threads
         try:
             load = functools.partial(_load, args.model, name, options)
             results.append(
-                bench_backend(load, tasks, settings, max_draft=args.max_draft, probe=args.probe)
+                bench_backend(
+                    load,
+                    tasks,
+                    settings,
+                    max_draft=args.max_draft,
+                    probe=args.probe,
+                    only_peers=only_peers,
+                )
             )
         except ModelError as err:
             if len(backends) == 1:
@@ -177,14 +205,27 @@ def _argv() -> list[str]:
     return argv if "bench" in argv else ["bench", *argv]
 
 
-def _task_list(raw: Sequence[str] | None) -> list[str] | None:
-    """--tasks a b, or --tasks a,b."""
+def _task_list(
+    raw: Sequence[str] | None, *, what: str = "--tasks", item: str = "task name"
+) -> list[str] | None:
+    """--tasks a b, or --tasks a,b (and the same for --peers)."""
     if raw is None:
         return None
-    names = [n.strip() for item in raw for n in item.split(",") if n.strip()]
+    names = [n.strip() for part in raw for n in part.split(",") if n.strip()]
     if not names:
-        raise _usage_error("--tasks needs at least one task name")
+        raise _usage_error(f"{what} needs at least one {item}")
     return names
+
+
+def select_peers(peers: Sequence[Method], only: Sequence[str]) -> list[Method]:
+    """The peers named in `only`, each with the baseline its speedup is measured against."""
+    by_name = {p.name: p for p in peers}
+    unknown = [n for n in only if n not in by_name]
+    if unknown:
+        known = ", ".join(by_name) or "none"
+        raise _usage_error(f"unknown peer {unknown[0]!r}; this backend has: {known}")
+    wanted = set(only) | {by_name[n].baseline for n in only if by_name[n].baseline}
+    return [p for p in peers if p.name in wanted]
 
 
 def _load(model: str, backend: str, options: dict[str, Any]) -> Model:
@@ -202,6 +243,7 @@ def bench_backend(
     probe: bool = False,
     log: Log | None = None,
     make_source: Callable[[Model], Any] | None = None,
+    only_peers: Sequence[str] | None = None,
 ) -> BackendResult:
     """Load one model, run every task on it with ours and (if asked) the peers."""
     from draftless.costs import measure, table_for
@@ -227,7 +269,7 @@ def bench_backend(
             from draftless.bench.peers import peers_for
 
             peers, notes = peers_for(model)
-            methods += peers
+            methods += select_peers(peers, only_peers) if only_peers else peers
             for note in notes:
                 say(f"[{model.backend}] {note}")
         if any(t.sampled for t in tasks) and settings.peers:
@@ -255,6 +297,7 @@ def bench_backend(
             load_seconds=load_seconds,
             tasks=tuple(results),
             seconds=time.perf_counter() - t0,
+            threads=model.threads,
         )
     finally:
         model.close()
