@@ -106,9 +106,11 @@ class DecodeStats:
             mine, theirs = getattr(self, table), getattr(other, table)
             combined = getattr(out, table)
             for name in {**mine, **theirs}:
-                combined[name] = mine.get(name, MemberStats())._combine(
+                counts = mine.get(name, MemberStats())._combine(
                     theirs.get(name, MemberStats()), sign
                 )
+                if counts != MemberStats():  # a turn in which a member did nothing omits it
+                    combined[name] = counts
         for histogram in ("draft_lengths", "resync_gaps"):
             mine, theirs = getattr(self, histogram), getattr(other, histogram)
             combined = getattr(out, histogram)
@@ -118,15 +120,26 @@ class DecodeStats:
                     combined[key] = count
         return out
 
+    @property
+    def verify_share(self) -> float:
+        """Share of the steps that verified a draft."""
+        return self.verify_steps / self.steps if self.steps else 0.0
+
     def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict: every count, the two ratios, and the members."""
+        """A JSON-ready dict: every count, the ratios, the members, the gates (member/bucket)
+        and the two histograms (keys as strings: JSON has no integer keys)."""
         out: dict[str, Any] = {
             f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _TABLES
         }
         out["forward_seconds"] = round(self.forward_seconds, 4)
         out["tokens_per_step"] = round(self.tokens_per_step, 4)
         out["acceptance"] = round(self.acceptance, 4)
-        out["members"] = {name: dataclasses.asdict(m) for name, m in sorted(self.members.items())}
+        out["verify_share"] = round(self.verify_share, 4)
+        for table in ("members", "evidence"):
+            counts = getattr(self, table)
+            out[table] = {name: dataclasses.asdict(m) for name, m in sorted(counts.items())}
+        for histogram in ("draft_lengths", "resync_gaps"):
+            out[histogram] = {str(k): v for k, v in sorted(getattr(self, histogram).items())}
         return out
 
     def summary(self) -> str:

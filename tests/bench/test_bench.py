@@ -155,6 +155,12 @@ def test_quick_run_on_fake_model_is_identical_and_writes_reports(cache: Path) ->
     assert sorted(os.listdir(out)) == ["results.json", "results.md", "speedups.png"]
     free = [t for t in result.targets if t.task == "free-form"]
     assert len(free) == 1 and free[0].needed == report.FREE_FORM_FLOOR
+    # the free-form target is judged on the worst prompt, which the table shows beside the median
+    (free_task,) = [t for t in backend.tasks if t.task == "free-form"]
+    speedups = {p.prompt_id: p.methods[DRAFTLESS].speedup for p in free_task.prompts}
+    worst_id = min(speedups, key=lambda k: speedups[k] or 0.0)
+    assert free[0].got == speedups[worst_id] and f"worst prompt {worst_id}" in free[0].why
+    assert "| Worst prompt |" in md and f"({worst_id})" in md
 
 
 def test_outputs_are_replaced_atomically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

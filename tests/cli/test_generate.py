@@ -177,6 +177,15 @@ def test_generate_json_reports_text_and_speculation_stats(tmp_path: Path) -> Non
     assert set(members) <= {"conversation", "reference[0]", "recycling"}
     assert sum(m["drafted"] for m in members.values()) == spec["drafted"]
     assert sum(m["accepted"] for m in members.values()) == spec["accepted"]
+    # per gate (member/bucket), the draft-length histogram and the verify share (issue 12)
+    gates = spec["evidence"]
+    assert all(name.split("/")[0] in members for name in gates)
+    assert sum(g["drafted"] for g in gates.values()) == spec["drafted"]
+    lengths = spec["draft_lengths"]
+    assert sum(int(k) * v for k, v in lengths.items()) == spec["drafted"]
+    assert sum(lengths.values()) == spec["verify_steps"]
+    assert spec["verify_share"] == round(spec["verify_steps"] / spec["steps"], 4)
+    assert isinstance(spec["resync_gaps"], dict)
 
 
 @pytest.mark.slow

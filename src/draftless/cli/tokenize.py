@@ -23,13 +23,12 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from draftless.cli.common import UsageError, read_text_file
-from draftless.models.base import ModelError, ModelSpec
+from draftless.models.base import ModelSpec
 from draftless.models.registry import (
     BACKENDS,
     DEFAULT_MODEL,
@@ -113,39 +112,10 @@ def _llamacpp_tokenizer(spec: ModelSpec) -> _Encoder:
 
 
 def _hf_tokenizer(spec: ModelSpec) -> _Encoder:
-    """transformers' tokenizer: from a model directory, the hf backend's conversion cache of
-    a GGUF, or converted from the GGUF now."""
     with Spinner(f"loading transformers' tokenizer for {spec.name}"):
-        from draftless.models.hf import HFTokenizer, converted_dir, is_complete_conversion
+        from draftless.models.hf import HFModel
 
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            from transformers import AutoTokenizer
-            from transformers.utils import logging as hf_logging
-
-            verbosity = hf_logging.get_verbosity()
-            hf_logging.set_verbosity_error()
-            hf_logging.disable_progress_bar()
-            try:
-                if not spec.is_gguf:
-                    tok = AutoTokenizer.from_pretrained(str(spec.path), local_files_only=True)
-                elif is_complete_conversion(converted_dir(spec.path)):
-                    tok = AutoTokenizer.from_pretrained(
-                        str(converted_dir(spec.path)), local_files_only=True
-                    )
-                else:
-                    tok = AutoTokenizer.from_pretrained(
-                        str(spec.path.parent), gguf_file=spec.path.name
-                    )
-            except (ValueError, KeyError, OSError, TypeError, NotImplementedError) as err:
-                detail = (str(err).strip() or type(err).__name__).splitlines()[0]
-                raise ModelError(
-                    f"transformers cannot load the tokenizer of {spec.name}: {detail}"
-                ) from None
-            finally:
-                hf_logging.enable_progress_bar()
-                hf_logging.set_verbosity(verbosity)
-        return HFTokenizer(tok, name=spec.name)
+        return HFModel.tokenizer_only(spec)
 
 
 def _close(tokenizer: object) -> None:

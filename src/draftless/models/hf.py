@@ -456,6 +456,28 @@ class HFModel:
             path=Path(spec.path),
         )
 
+    @staticmethod
+    def tokenizer_only(spec: ModelSpec) -> HFTokenizer:
+        """transformers' tokenizer of `spec` without its weights: from the model directory,
+        from the conversion cache of a GGUF already converted, or converted from the GGUF now
+        (slow on a large vocabulary; nothing is cached)."""
+        path = Path(spec.path)
+        with _quiet():
+            try:
+                if not spec.is_gguf:
+                    tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+                elif is_complete_conversion(converted_dir(path)):
+                    tok = AutoTokenizer.from_pretrained(
+                        str(converted_dir(path)), local_files_only=True
+                    )
+                else:
+                    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+            except (ValueError, KeyError, OSError, TypeError, NotImplementedError) as err:
+                raise ModelError(
+                    f"transformers cannot load the tokenizer of {spec.name}: {_one_line(err)}"
+                ) from None
+        return HFTokenizer(tok, name=spec.name)
+
     @property
     def threads(self) -> int:
         """torch's intra-op threads (process-wide: torch has no per-model setting)."""

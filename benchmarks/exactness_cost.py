@@ -1,0 +1,85 @@
+"""What bitwise exactness costs on llama.cpp: C(k) under draftless' exact configuration and
+under llama.cpp's defaults (what llama-server runs), on one model and thread count.
+
+    PYTHONPATH=src .venv/bin/python benchmarks/exactness_cost.py exact --threads 1
+    PYTHONPATH=src .venv/bin/python benchmarks/exactness_cost.py llama.cpp --threads 1
+
+One configuration per process: ggml reads GGML_CPU_TILED_MM once. Prefill `--context` tokens
+(300) of this repository's README, then time forward(k) from that position (truncated back
+after each): the median of `--reps` for k in 2..64, over the median of 3 x `--reps` single
+steps. Prints one
+line: the plain step in ms and C(k) in plain steps, plus the absolute ms of the widest verify,
+which is what compares across configurations (each C(k) is relative to its own plain step).
+
+    exact      models/llamacpp.py as shipped: FA on, K f16 / V bf16, no repacked weights,
+               tiled K-quant matmul off (a verify row equals the single-token row, bitwise)
+    llama.cpp  llama.cpp's defaults: FA auto, K and V f16, repacked weights, tiled matmul on
+               (rows of a batch differ from single-token rows: benchmarks/llamacpp_exact_rows.py)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+WIDTHS = (2, 4, 8, 16, 32, 64)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("config", choices=("exact", "llama.cpp"))
+    parser.add_argument("--model", default="qwen2.5-coder-1.5b")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--context", type=int, default=300, help="tokens in the cache first")
+    args = parser.parse_args()
+    if args.config == "llama.cpp":
+        os.environ["GGML_CPU_TILED_MM"] = "1"  # before llamacpp's import sets it to 0
+
+    from draftless.models import llamacpp
+    from draftless.models.llamacpp import LlamaCppModel, lib
+    from draftless.models.registry import resolve
+
+    if args.config == "llama.cpp":
+        llamacpp.EXACT_MODEL_PARAMS["use_extra_bufts"] = True
+        llamacpp.EXACT_CONTEXT_PARAMS.update(
+            flash_attn_type=lib.LLAMA_FLASH_ATTN_TYPE_AUTO,
+            type_k=lib.GGML_TYPE_F16,
+            type_v=lib.GGML_TYPE_F16,
+        )
+    model = LlamaCppModel.load(resolve(args.model), n_ctx=2048, n_threads=args.threads)
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    ids = model.tokenizer.encode(text * 4)[: args.context + max(WIDTHS)]
+    c = args.context
+    model.prefill(ids[:c])
+
+    def seconds(k: int, reps: int) -> float:
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            model.forward(ids[c : c + k])
+            times.append(time.perf_counter() - t0)
+            model.truncate(c)
+        return statistics.median(times)
+
+    seconds(1, 3)  # warm-up
+    step = seconds(1, 3 * args.reps)
+    costs = {k: seconds(k, args.reps) for k in WIDTHS}
+    cells = " ".join(f"C({k})={costs[k] / step:.2f}" for k in WIDTHS)
+    widest = max(WIDTHS)
+    print(
+        f"{args.config} {args.model} threads={args.threads} context={c}: "
+        f"step {1000 * step:.1f} ms {cells} "
+        f"(forward({widest}) {1000 * costs[widest]:.0f} ms)",
+        flush=True,
+    )
+    model.close()
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
