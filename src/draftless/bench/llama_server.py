@@ -247,7 +247,9 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child, Linux o
     with contextlib.suppress(Exception):
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        # SIGKILL, not SIGTERM: between requests the server is held stopped (SIGSTOP), and a
+        # stopped process never acts on SIGTERM; a bench killed then left it behind for good.
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 class LlamaServer:
