@@ -225,8 +225,46 @@ def test_selected_peers_bring_their_baselines_and_keep_their_order() -> None:
         "lsrv-ngram-simple",
     ]
     assert [p.name for p in select_peers(peers, ["lsrv-plain"])] == ["lsrv-plain"]  # type: ignore[arg-type]
-    with pytest.raises(UsageError, match=r"unknown peer 'lsrv-eagle'; this backend has: lcp-"):
-        select_peers(peers, ["lsrv-ngram-mod", "lsrv-eagle"])  # type: ignore[arg-type]
+    # a name of another backend's peer selects nothing here (the caller notes it)
+    assert select_peers(peers, ["hf-pld-10"]) == []  # type: ignore[arg-type]
+
+
+def test_an_unknown_peer_is_refused_before_any_model_loads(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_load(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr("draftless.cli.bench._load", no_load)
+    assert main(["bench", "--peers", "lsrv-ngram-mod", "lsrv-eagle"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "unknown peer 'lsrv-eagle'; peers: hf-generate, " in err and "lsrv-draft" in err
+
+
+def test_a_finished_backend_is_written_before_the_next_one_runs(
+    cache: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two backends: the second fails with an error the bench does not expect; the first
+    backend's report is on disk all the same."""
+    loads: list[str] = []
+
+    def load(model: str, backend: str, options: dict[str, object]) -> InductionModel:
+        loads.append(backend)
+        if backend == "hf":
+            raise RuntimeError("the second backend broke")
+        return InductionModel(vocab=50, seed=0)
+
+    monkeypatch.setattr("draftless.cli.bench._load", load)
+    out = cache / "out"
+    args = ["bench", "--backend", "both", "--tasks", "repetition", "--prompts", "1"]
+    args += ["--reps", "1", "-n", "8", "--no-peers", "--out", str(out)]
+    with pytest.raises(RuntimeError, match="second backend"):
+        main(args)
+    assert loads == ["llamacpp", "hf"]
+    data = json.loads((out / "results.json").read_text())
+    assert [b["backend"] for b in data["backends"]] == ["fake"]
+    assert "repetition" in (out / "results.md").read_text().lower()
 
 
 def test_threads_reach_the_model_and_the_report(cache: Path) -> None:

@@ -87,10 +87,13 @@ CONFIGS = (
 DRAFT_FOR = {"qwen2.5-coder-1.5b-instruct-q4_k_m.gguf": "qwen2.5-coder-0.5b"}
 
 
+DRAFT_KEY = "draft"  # the key of the draft-model configuration (its peer: lsrv-draft)
+
+
 def draft_config(draft: Path, draft_name: str, threads: int, threads_batch: int) -> ServerConfig:
     """draft-simple with a draft model, on the target's thread counts."""
     return ServerConfig(
-        "draft",
+        DRAFT_KEY,
         f"llama-server draft {draft_name}",
         (
             "--spec-type",

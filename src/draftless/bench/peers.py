@@ -35,6 +35,17 @@ LLAMACPP_PLD = (2, 10)  # LlamaPromptLookupDecoding(num_pred_tokens=...)
 PEER_N_CTX = 2048  # llama-cpp-python keeps n_ctx x vocab floats of logits with a draft model
 
 
+def peer_names() -> tuple[str, ...]:
+    """Every peer's name on any backend (what `draftless bench --peers` accepts), known
+    before a model is loaded."""
+    from draftless.bench.llama_server import CONFIGS, DRAFT_KEY
+
+    names = [_names("hf", "transformers", n)[0] for n in (None, *HF_PLD)]
+    names += [_names("lcp", "llama-cpp-python", n)[0] for n in (None, *LLAMACPP_PLD)]
+    names += [c.name for c in CONFIGS] + [f"lsrv-{DRAFT_KEY}"]
+    return tuple(names)
+
+
 def peer_stats(calls: Sequence[int], prompt_len: int, committed: int) -> DecodeStats:
     """Forward widths of one run -> DecodeStats. The first forward holds the prompt (and, for
     transformers, the first draft); every later one holds the last token and a draft.

@@ -144,6 +144,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.no_peers and args.peers:
         raise _usage_error("--no-peers and --peers exclude each other")
     only_peers = _task_list(args.peers, what="--peers", item="peer name")
+    if only_peers:
+        from draftless.bench.peers import peer_names
+
+        known = peer_names()
+        unknown = [n for n in only_peers if n not in known]
+        if unknown:  # checked before any model is loaded
+            raise _usage_error(f"unknown peer {unknown[0]!r}; peers: {', '.join(known)}")
     names = _task_list(args.tasks)
     try:
         tasks = load_tasks(names)
@@ -180,6 +187,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
                     only_peers=only_peers,
                 )
             )
+            if len(results) < len(backends):  # keep what is done if a later backend fails
+                partial = build_result(command, settings, results, time.perf_counter() - t0)
+                write_outputs(partial, Path(args.out))
+                print(f"draftless bench: {name} done, written to {args.out}", file=sys.stderr)
         except ModelError as err:
             if len(backends) == 1:
                 raise
@@ -218,13 +229,11 @@ def _task_list(
 
 
 def select_peers(peers: Sequence[Method], only: Sequence[str]) -> list[Method]:
-    """The peers named in `only`, each with the baseline its speedup is measured against."""
+    """The peers named in `only` that this backend has (the others belong to another backend
+    or were skipped), each with the baseline its speedup is measured against."""
     by_name = {p.name: p for p in peers}
-    unknown = [n for n in only if n not in by_name]
-    if unknown:
-        known = ", ".join(by_name) or "none"
-        raise _usage_error(f"unknown peer {unknown[0]!r}; this backend has: {known}")
-    wanted = set(only) | {by_name[n].baseline for n in only if by_name[n].baseline}
+    named = [n for n in only if n in by_name]
+    wanted = set(named) | {by_name[n].baseline for n in named if by_name[n].baseline}
     return [p for p in peers if p.name in wanted]
 
 
@@ -269,7 +278,10 @@ def bench_backend(
             from draftless.bench.peers import peers_for
 
             peers, notes = peers_for(model)
-            methods += select_peers(peers, only_peers) if only_peers else peers
+            chosen = select_peers(peers, only_peers) if only_peers else peers
+            if only_peers and not chosen:
+                notes.append(f"none of --peers {' '.join(only_peers)} runs on {model.backend}")
+            methods += chosen
             for note in notes:
                 say(f"[{model.backend}] {note}")
         if any(t.sampled for t in tasks) and settings.peers:
