@@ -15,7 +15,6 @@ from draftless.bench.runner import DRAFTLESS, PLAIN, Settings, first_mismatch
 from draftless.bench.tasks import MIN_PROMPTS, TASK_ORDER, TaskError, load_task, load_tasks
 from draftless.cli import main
 from draftless.cli.bench import bench_backend, build_result, select_peers
-from draftless.errors import UsageError
 from fakes import InductionModel
 
 
