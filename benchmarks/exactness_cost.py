@@ -41,16 +41,16 @@ def main() -> None:
         os.environ["GGML_CPU_TILED_MM"] = "1"  # before llamacpp's import sets it to 0
 
     from draftless.models import llamacpp
-    from draftless.models.llamacpp import LlamaCppModel, lib
+    from draftless.models.llamacpp import LlamaCppModel
     from draftless.models.registry import resolve
 
-    if args.config == "llama.cpp":
-        llamacpp.EXACT_MODEL_PARAMS["use_extra_bufts"] = True
-        llamacpp.EXACT_CONTEXT_PARAMS.update(
-            flash_attn_type=lib.LLAMA_FLASH_ATTN_TYPE_AUTO,
-            type_k=lib.GGML_TYPE_F16,
-            type_v=lib.GGML_TYPE_F16,
-        )
+    if args.config == "llama.cpp":  # llamacpp_exact_rows.py's `today`: llama.cpp's defaults
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from llamacpp_exact_rows import CONFIGS
+
+        context_params, model_params = CONFIGS["today"]
+        llamacpp.EXACT_CONTEXT_PARAMS.update(context_params)
+        llamacpp.EXACT_MODEL_PARAMS.update(model_params)
     model = LlamaCppModel.load(resolve(args.model), n_ctx=2048, n_threads=args.threads)
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     ids = model.tokenizer.encode(text * 4)[: args.context + max(WIDTHS)]
