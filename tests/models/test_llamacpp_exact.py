@@ -120,3 +120,44 @@ def test_the_check_can_fail(monkeypatch: pytest.MonkeyPatch) -> None:
     for model in _load("smollm2", 2):
         with pytest.raises(AssertionError, match=r"max \|diff\|"):
             _assert_verify_rows_are_single_rows(model)
+
+
+def _rows_at_positions(
+    model: LlamaCppModel, ids: list[int], start: int, singles: int
+) -> np.ndarray:
+    """Logit rows for positions start .. len(ids) - 1: one verify-shaped forward, then the last
+    `singles` positions one token at a time (the decode-step attention path)."""
+    model.truncate(0)
+    model.prefill(ids[:start])
+    batch = model.forward(ids[start : len(ids) - singles])
+    steps = [model.forward([t]) for t in ids[len(ids) - singles :]]
+    return np.concatenate([batch, *steps])
+
+
+def test_exact_attention_agrees_with_unfused_f32_attention(
+    smol: LlamaCppModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bitwise agreement between verify and single rows would not notice attention that is
+    consistently wrong (patches/llama.cpp/0002 computes the bf16 V cache's part of flash
+    attention in a kernel of ours). Against llama.cpp's plain attention (no flash attention,
+    K and V cached in f32: other kernels), rows must differ only by rounding: the argmax in at
+    most 1 row in 10 and a median row max |diff| under 1 logit (SmolLM2's logits span ~36).
+    Measured: 5.0% and 0.61 at 1 and 2 threads; with a kernel that drops the last 8 of the
+    64 V lanes, 36.8% and 6.25, while the verify-equals-single checks above still passed."""
+    from draftless.models import llamacpp
+
+    ids = _corpus(smol, 700)
+    exact = _rows_at_positions(smol, ids, 300, singles=24)
+    smol.truncate(0)
+    reference_params = {"flash_attn_type": llamacpp.lib.LLAMA_FLASH_ATTN_TYPE_DISABLED}
+    reference_params |= {"type_k": llamacpp.lib.GGML_TYPE_F32, "type_v": llamacpp.lib.GGML_TYPE_F32}
+    monkeypatch.setattr(llamacpp, "EXACT_CONTEXT_PARAMS", reference_params)
+    for reference_model in _load("smollm2", smol.threads):
+        reference = _rows_at_positions(reference_model, ids, 300, singles=24)
+    row_max = np.abs(exact - reference).max(axis=1)  # [400]
+    flips = float(np.mean(exact.argmax(axis=1) != reference.argmax(axis=1)))
+    spread = float(np.median(reference.max(axis=1) - reference.min(axis=1)))
+    assert flips <= 0.1 and float(np.median(row_max)) < 1.0, (
+        f"argmax differs in {flips:.1%} of rows, median row max |diff| "
+        f"{float(np.median(row_max)):.3g} (logit spread {spread:.3g})"
+    )
