@@ -3,6 +3,10 @@ under llama.cpp's defaults (what llama-server runs), on one model and thread cou
 
     PYTHONPATH=src .venv/bin/python benchmarks/exactness_cost.py exact --threads 1
     PYTHONPATH=src .venv/bin/python benchmarks/exactness_cost.py llama.cpp --threads 1
+    PYTHONPATH=src .venv/bin/python benchmarks/exactness_cost.py exact --widths --reps 20
+
+(`--widths` with no k times the plain step only. To compare two llama.cpp builds, unzip each
+wheel's `llama_cpp/` into a directory and put that directory first on PYTHONPATH.)
 
 One configuration per process: ggml reads GGML_CPU_TILED_MM once. Prefill `--context` tokens
 (300) of this repository's README, then time forward(k) from that position (truncated back
@@ -36,6 +40,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--context", type=int, default=300, help="tokens in the cache first")
+    parser.add_argument(
+        "--widths", type=int, nargs="*", default=list(WIDTHS), help="k to time (none: the step)"
+    )
     args = parser.parse_args()
     if args.config == "llama.cpp":
         os.environ["GGML_CPU_TILED_MM"] = "1"  # before llamacpp's import sets it to 0
@@ -53,7 +60,7 @@ def main() -> None:
         llamacpp.EXACT_MODEL_PARAMS.update(model_params)
     model = LlamaCppModel.load(resolve(args.model), n_ctx=2048, n_threads=args.threads)
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    ids = model.tokenizer.encode(text * 4)[: args.context + max(WIDTHS)]
+    ids = model.tokenizer.encode(text * 4)[: args.context + max(args.widths, default=1)]
     c = args.context
     model.prefill(ids[:c])
 
@@ -68,13 +75,12 @@ def main() -> None:
 
     seconds(1, 3)  # warm-up
     step = seconds(1, 3 * args.reps)
-    costs = {k: seconds(k, args.reps) for k in WIDTHS}
-    cells = " ".join(f"C({k})={costs[k] / step:.2f}" for k in WIDTHS)
-    widest = max(WIDTHS)
+    costs = {k: seconds(k, args.reps) for k in args.widths}
+    cells = " ".join(f"C({k})={costs[k] / step:.2f}" for k in args.widths)
+    widest = f" (forward({max(costs)}) {1000 * costs[max(costs)]:.0f} ms)" if costs else ""
     print(
         f"{args.config} {args.model} threads={args.threads} context={c}: "
-        f"step {1000 * step:.1f} ms {cells} "
-        f"(forward({widest}) {1000 * costs[widest]:.0f} ms)",
+        f"step {1000 * step:.1f} ms {cells}{widest}",
         flush=True,
     )
     model.close()
