@@ -33,6 +33,26 @@ from pathlib import Path
 WIDTHS = (2, 4, 8, 16, 32, 64)
 
 
+def load_model(config: str, name: str, threads: int):  # type: ignore[no-untyped-def]
+    """The model under `config`: "exact" (as shipped) or "llama.cpp" (its defaults). One
+    configuration per process: ggml reads GGML_CPU_TILED_MM once."""
+    if config == "llama.cpp":
+        os.environ["GGML_CPU_TILED_MM"] = "1"  # before llamacpp's import sets it to 0
+
+    from draftless.models import llamacpp
+    from draftless.models.llamacpp import LlamaCppModel
+    from draftless.models.registry import resolve
+
+    if config == "llama.cpp":  # llamacpp_exact_rows.py's `today`: llama.cpp's defaults
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from llamacpp_exact_rows import CONFIGS
+
+        context_params, model_params = CONFIGS["today"]
+        llamacpp.EXACT_CONTEXT_PARAMS.update(context_params)
+        llamacpp.EXACT_MODEL_PARAMS.update(model_params)
+    return LlamaCppModel.load(resolve(name), n_ctx=2048, n_threads=threads)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config", choices=("exact", "llama.cpp"))
@@ -44,21 +64,7 @@ def main() -> None:
         "--widths", type=int, nargs="*", default=list(WIDTHS), help="k to time (none: the step)"
     )
     args = parser.parse_args()
-    if args.config == "llama.cpp":
-        os.environ["GGML_CPU_TILED_MM"] = "1"  # before llamacpp's import sets it to 0
-
-    from draftless.models import llamacpp
-    from draftless.models.llamacpp import LlamaCppModel
-    from draftless.models.registry import resolve
-
-    if args.config == "llama.cpp":  # llamacpp_exact_rows.py's `today`: llama.cpp's defaults
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from llamacpp_exact_rows import CONFIGS
-
-        context_params, model_params = CONFIGS["today"]
-        llamacpp.EXACT_CONTEXT_PARAMS.update(context_params)
-        llamacpp.EXACT_MODEL_PARAMS.update(model_params)
-    model = LlamaCppModel.load(resolve(args.model), n_ctx=2048, n_threads=args.threads)
+    model = load_model(args.config, args.model, args.threads)
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     ids = model.tokenizer.encode(text * 4)[: args.context + max(args.widths, default=1)]
     c = args.context

@@ -41,7 +41,7 @@ patches/llama.cpp/0002 makes that attention as cheap as llama.cpp's own at a dec
 is widened from bf16 in registers inside the multiply-add (ggml converts it row by row with a
 scalar loop) and a step's heads are split contiguously over the threads, the q heads of one
 K/V head on one thread. Same bits; on the 1.5B at a 700-token context the step's attention
-fell from ~15% to ~9% of its CPU time (perf, two threads).
+fell from ~15% to ~9% of its CPU time (perf, two threads: benchmarks/step_profile.py).
 
 What makes a verify cheap again: set-up builds llama.cpp with patches/llama.cpp/, whose
 Q4_K and Q6_K dot products take up to four activation columns per weight row, unpacking the
