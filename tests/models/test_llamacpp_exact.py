@@ -148,9 +148,11 @@ def test_exact_attention_agrees_with_unfused_f32_attention(
 
     ids = _corpus(smol, 700)
     exact = _rows_at_positions(smol, ids, 300, singles=24)
-    smol.truncate(0)
-    reference_params = {"flash_attn_type": llamacpp.lib.LLAMA_FLASH_ATTN_TYPE_DISABLED}
-    reference_params |= {"type_k": llamacpp.lib.GGML_TYPE_F32, "type_v": llamacpp.lib.GGML_TYPE_F32}
+    reference_params = {
+        "flash_attn_type": llamacpp.lib.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+        "type_k": llamacpp.lib.GGML_TYPE_F32,
+        "type_v": llamacpp.lib.GGML_TYPE_F32,
+    }
     monkeypatch.setattr(llamacpp, "EXACT_CONTEXT_PARAMS", reference_params)
     for reference_model in _load("smollm2", smol.threads):
         reference = _rows_at_positions(reference_model, ids, 300, singles=24)
