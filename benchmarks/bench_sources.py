@@ -39,10 +39,10 @@ from pathlib import Path
 
 import numpy as np
 
+from draftless._jit import HAVE_NUMBA
 from draftless.decoder import TOPK, topk_rows
 from draftless.sampling import SamplingOptions, apply_penalties, candidates, sample
 from draftless.sources import SamIndex, SpeculationIndex
-from draftless.sources._jit import HAVE_NUMBA
 
 PLAIN_STEP_US = 10_000.0  # a plain decode step of the default model on llama.cpp, ~10 ms
 

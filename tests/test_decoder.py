@@ -384,6 +384,42 @@ def test_topk_rows_matches_a_full_stable_sort(vocab, levels, seed, rows) -> None
     np.testing.assert_array_equal(top, np.argsort(-values, axis=1, kind="stable")[:, :k])
 
 
+@settings(max_examples=80, deadline=None)
+@given(
+    vocab=st.sampled_from([1, 5, 8, 63, 64, 65, 200, 4097]),
+    seed=st.integers(0, 10_000),
+    nan_share=st.sampled_from([0.0, 0.01, 0.5, 0.99, 1.0]),
+    inf_share=st.sampled_from([0.0, 0.05, 0.9]),
+    levels=st.sampled_from([0, 3]),
+    ascending=st.booleans(),
+)
+def test_top_k_kernel_and_fallback_agree_with_a_stable_sort_on_nan_inf_and_ties(
+    vocab, seed, nan_share, inf_share, levels, ascending
+) -> None:
+    """Both paths of topk_rows, the compiled one-pass kernel and best_first, against a
+    stable sort of -row (NaN last). Rows full of NaN, +-inf, ties and ascending values
+    (every block beats the last: the kernel's skip never fires) are where a one-pass
+    top-k goes wrong."""
+    from draftless.decoder import _top_rows_into
+    from draftless.sampling import best_first
+
+    rng = np.random.default_rng(seed)
+    values = np.sort(rng.normal(size=vocab)) if ascending else rng.normal(size=vocab)
+    if levels:
+        values = np.round(values * levels) / levels
+    values[rng.random(vocab) < inf_share] = np.inf
+    values[rng.random(vocab) < inf_share] = -np.inf
+    values[rng.random(vocab) < nan_share] = np.nan
+    rows = values.astype(np.float32)[None]  # [1, vocab]
+    k = min(8, vocab)
+    want = np.argsort(-rows, axis=1, kind="stable")[:, :k]
+    out = np.empty((1, k), dtype=np.int32)
+    _top_rows_into(rows, out)
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(best_first(rows[0], k)[None], want)
+    np.testing.assert_array_equal(topk_rows(rows, 8), want)
+
+
 def test_topk_goes_to_sources_that_want_it_and_only_those() -> None:
     model = InductionModel(VOCAB, seed=1)
     seen = []

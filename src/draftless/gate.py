@@ -133,6 +133,8 @@ class CostGate:
         self._need = self.options.probe_steps
         self._since_on = -1  # real verifies since a shadow turn-on still on trial; -1: none
         self._scale = 1.0  # live multiplier on the table
+        self._costs: list[float] = []  # _draft_costs() at _costs_scale
+        self._costs_scale = self._scale
         self._plain_seconds: float | None = None  # EWMA of a plain step's wall time
         self._timed_verifies = 0  # timed verifies since the last plain timing
         self.turned_off = 0
@@ -146,6 +148,15 @@ class CostGate:
     def verify_cost(self, k: int) -> float:
         """Cost of a forward of k new tokens in plain-step equivalents (never below 1)."""
         return max(1.0, self._scale * self.table.cost(k))
+
+    def _draft_costs(self, max_draft: int) -> list[float]:
+        """[verify_cost(d + 1) for d in 0..max_draft], kept while the scale holds: the
+        budget asks for it every step, and the table's interpolation is not free."""
+        costs = self._costs
+        if len(costs) <= max_draft or self._costs_scale != self._scale:
+            costs = self._costs = [self.verify_cost(d + 1) for d in range(max_draft + 1)]
+            self._costs_scale = self._scale
+        return costs
 
     @property
     def scale(self) -> float:
@@ -179,10 +190,11 @@ class CostGate:
         tokens per unit of verify cost, E(d) / C(d + 1) with E(d) = 1 + p + ... + p^d, and
         that rate. Steep tables (llama.cpp on CPU) favour short drafts, flat ones long."""
         best_d, best_rate, expected, term = max(1, max_draft), -1.0, 1.0, 1.0
+        costs = self._draft_costs(max(1, max_draft))
         for d in range(1, max(1, max_draft) + 1):
             term *= p
             expected += term
-            rate = expected / self.verify_cost(d + 1)
+            rate = expected / costs[d]
             if rate > best_rate + 1e-12:
                 best_d, best_rate = d, rate
         return best_d, best_rate

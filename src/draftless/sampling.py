@@ -190,6 +190,7 @@ def best_first(x: np.ndarray, n: int) -> np.ndarray:
     Without sorting the row: the n-th largest value of a strided sample (every 16th value
     at most) bounds the n-th largest of the row from below, so `x >= bound` holds every one
     of the n; only those candidates (~16n) are sorted (stable, so ties keep position order).
+    NaN ranks below every number; a row with NaNs may take the full sort.
     """
     size = x.shape[0]
     if n >= size // 4:
@@ -197,6 +198,8 @@ def best_first(x: np.ndarray, n: int) -> np.ndarray:
     stride = max(1, min(size // (8 * n), 16))  # a dense sample: a tight bound, few candidates
     bound = np.partition(x[::stride], -n)[-n]
     cand = np.flatnonzero(x >= bound)
+    if cand.shape[0] < n:  # NaNs in the sample (partition ranks them highest)
+        return np.argsort(-x, kind="stable")[:n]
     return cand[np.argsort(-x[cand], kind="stable")[:n]]
 
 

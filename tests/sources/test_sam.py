@@ -378,7 +378,7 @@ def test_imports_and_matches_without_numba() -> None:
 import sys
 sys.modules["numba"] = None
 import draftless.sources as sources
-from draftless.sources import _jit
+from draftless import _jit
 assert not _jit.HAVE_NUMBA
 sys.path.insert(0, "tests")
 from oracles import PriorMatchOracle, continuation

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from draftless.sources._jit import njit
+from draftless._jit import njit
 from draftless.sources.sam import as_token_array
 
 __all__ = ["ROW", "Recycling"]

@@ -51,7 +51,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from draftless.sources._jit import njit
+from draftless._jit import njit
 
 __all__ = ["Cursor", "FrozenIndexError", "SamIndex", "as_token_array"]
 

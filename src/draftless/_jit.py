@@ -1,8 +1,9 @@
 """Optional numba: `njit` compiles when numba is importable and is a no-op otherwise.
 
-The draft-source cores are written in the subset of Python that numba compiles, over
-preallocated numpy arrays, so they run unchanged as plain Python (slower, same results)
-when numba is missing. Set DRAFTLESS_NO_NUMBA=1 to force the plain-Python path.
+The draft-source cores and the decoder's top-k kernel are written in the subset of Python
+that numba compiles, over preallocated numpy arrays, so they run unchanged as plain Python
+(slower, same results) when numba is missing. Set DRAFTLESS_NO_NUMBA=1 to force the
+plain-Python path.
 """
 
 from __future__ import annotations
