@@ -113,6 +113,29 @@ def test_shadow_checks_need_the_probe_margin_over_a_rolling_window() -> None:
     assert gate.state is GateState.ON
 
 
+def test_a_lucky_run_of_checks_after_many_failures_does_not_turn_the_gate_on() -> None:
+    """Free-form text repeats a short phrase now and then: four passing checks in a row
+    after a dozen failing ones are the best of sixteen, and verifies after them lose. The
+    turn-on also needs the drafts the budget would make under all the checks and the prior
+    to clear the bar; a source that keeps passing gets there as the failures age out."""
+    steep = DEFAULT_COST_TABLES["llamacpp"]  # C(3) ~ 2.3: a 2-token draft must be accepted whole
+    gate = CostGate(steep, prior=prior_acceptance("3-4"))
+    gate.start(64)
+    assert gate.state is GateState.OFF
+    for _ in range(12):
+        gate.record_shadow(k=3, drafted=2, accepted=0, committed=1)
+    passing = 0
+    while not gate.allows() and passing < 32:
+        gate.record_shadow(k=3, drafted=2, accepted=2, committed=3)  # 3 / 2.3 = 1.3x each
+        passing += 1
+    assert gate.allows() and 4 < passing <= 16  # not after the first 4 (probe_steps)
+    fresh = CostGate(steep, prior=prior_acceptance("3-4"))
+    fresh.start(64)
+    for _ in range(4):  # the same four with no failures before them: on at once
+        fresh.record_shadow(k=3, drafted=2, accepted=2, committed=3)
+    assert fresh.allows()
+
+
 def test_shadow_evidence_sets_the_budget_while_off() -> None:
     steep = CostTable((1, 2, 4, 8, 16), (1.0, 1.4, 2.2, 3.5, 6.2))
     budgets = []

@@ -23,7 +23,10 @@ Coming back on: while the gate is off, the decoder still takes a draft and, inst
 verifying it, checks it against the tokens plain decoding commits next (a *shadow check*).
 Decoding is lossless, so those are the tokens a verify would have committed: the check says
 exactly how many draft tokens a verify would have accepted, at no cost. The gate turns on
-once its last `probe_steps` checks would have paid min_speedup + probe_margin. A turn-on that
+once its last `probe_steps` checks would have paid min_speedup + probe_margin, and the drafts
+its budget would make under every check it holds (up to `window`, with the prior) would too:
+a short run of passing checks after many failing ones is the best of many, and the verifies
+that follow it lose (free-form text repeats a phrase now and then). A turn-on that
 is undone before `window` real verifies have held it doubles the checks the next one needs
 (up to `window`): acceptance at the break-even would otherwise flap on and off.
 """
@@ -135,6 +138,7 @@ class CostGate:
         self._scale = 1.0  # live multiplier on the table
         self._costs: list[float] = []  # _draft_costs() at _costs_scale
         self._costs_scale = self._scale
+        self._max_draft = 64  # the longest draft it budgets for (start() sets it)
         self._plain_seconds: float | None = None  # EWMA of a plain step's wall time
         self._timed_verifies = 0  # timed verifies since the last plain timing
         self.turned_off = 0
@@ -204,6 +208,7 @@ class CostGate:
         the turn-on bar even at the prior acceptance (a steep table: llama.cpp on an AVX2
         CPU, ~1.07x at best) starts OFF, and its source earns its first verify with shadow
         checks; on a flat table (~2x) exploring with real verifies is cheap, so it starts ON."""
+        self._max_draft = max_draft
         bar = self.options.min_speedup + self.options.probe_margin
         if self.best_draft(self.prior, max_draft)[1] < bar:
             self.state = GateState.OFF
@@ -267,7 +272,10 @@ class CostGate:
             return
         recent = list(self._shadow)[-self._need :]
         est = sum(v.committed for v in recent) / sum(v.cost for v in recent)
-        if est >= self.options.min_speedup + self.options.probe_margin:
+        bar = self.options.min_speedup + self.options.probe_margin
+        # A run of passing checks is the few best of many: the drafts the budget would make
+        # under all the shadow evidence and the prior must also clear the bar.
+        if est >= bar and self.best_draft(self.token_acceptance(), self._max_draft)[1] >= bar:
             self.state = GateState.ON
             self.turned_on += 1
             self._window.extend(recent)  # the evidence that turned it on
