@@ -40,8 +40,9 @@ def running(command: str, *, log: Path, timeout: float = 300.0) -> Iterator[str]
     /health answers 200; SIGTERM (then SIGKILL after 30 s) when done."""
     port = free_port()
     argv = shlex.split(command.format(port=port))
+    # OMP_WAIT_POLICY as the caller has it: servers that wait for a request sleep anyway once
+    # OpenMP's spin count runs out, and PASSIVE would slow every step at 2+ threads.
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     with open(log, "w") as out:
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
