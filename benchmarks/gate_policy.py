@@ -98,7 +98,10 @@ def main() -> None:
     c.add_argument("before", type=Path)
     c.add_argument("after", type=Path)
     args = ap.parse_args()
-    run(args) if args.cmd == "run" else compare(args)
+    if args.cmd == "run":
+        run(args)
+    else:
+        compare(args)
 
 
 if __name__ == "__main__":
