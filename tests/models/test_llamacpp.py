@@ -647,6 +647,31 @@ def test_bad_token_ids_leave_the_cache_alone(tiny: LlamaCppModel) -> None:
     _assert_cache_holds(tiny, ids, reference)
 
 
+def test_a_short_list_and_an_array_of_the_same_ids_give_the_same_rows(tiny: LlamaCppModel) -> None:
+    # A few ids given as Python ints take a path without numpy (a decode step's); an array
+    # or a long list takes numpy's. Both must write the same tokens at the same positions.
+    ids = _ids(tiny, 200)
+    tiny.prefill(ids[:20])
+    rows = {}
+    for name, ids_in in (
+        ("list", ids[20:24]),
+        ("tuple", tuple(ids[20:24])),
+        ("array", np.array(ids[20:24], dtype=np.int64)),
+        ("numpy ints", [np.int32(t) for t in ids[20:24]]),
+    ):
+        rows[name] = tiny.forward(ids_in)
+        assert tiny.n_past == 24
+        tiny.truncate(20)
+    for name in ("tuple", "array", "numpy ints"):
+        np.testing.assert_array_equal(rows[name], rows["list"], err_msg=name)
+    long = tiny.forward(ids[20:120])  # longer than the short path takes
+    tiny.truncate(20)
+    np.testing.assert_array_equal(long[:4], rows["list"])
+    with pytest.raises(ValueError, match="integers"):
+        tiny.forward([True])
+    assert tiny.n_past == 20
+
+
 def test_context_overflow_leaves_the_cache_alone(tiny: LlamaCppModel) -> None:
     full = tiny.n_ctx
     ids = _ids(tiny, full + 10)
