@@ -315,6 +315,40 @@ def test_a_failing_verify_leaves_no_unverified_rows() -> None:
     assert rest == expected[committed - len(PROMPT) :]
 
 
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_an_interrupt_after_some_of_a_verifys_draws_takes_them_back(
+    sampling: SamplingOptions,
+) -> None:
+    # A step that ends in an error after it drew for some rows never happened: the cache,
+    # the history and the generator are as before it, and decoding resumes exactly.
+    model = InductionModel(VOCAB, seed=7)
+    expected = plain(model, sampling, 40)
+    rows_seen = []
+
+    def hook(position: int, row: np.ndarray) -> None:
+        rows_seen.append((dec.stats.steps, position))
+        if len(rows_seen) == 12:  # inside a verify: rows before it in this step drew
+            raise KeyboardInterrupt
+
+    dec = SpeculativeDecoder(
+        model,
+        sampling=sampling,
+        source=perfect_source(PROMPT + expected),
+        options=ALWAYS,
+        verify_row_hook=hook,
+    )
+    model.truncate(0)
+    dec.append(PROMPT)
+    with pytest.raises(KeyboardInterrupt):
+        dec.generate(40)
+    (step_a, pos_a), (step_b, pos_b) = rows_seen[-2:]
+    assert step_a == step_b and pos_b == pos_a + 1  # after a row of the same step, which drew
+    done = len(dec.history) - len(PROMPT)
+    assert model.n_past == len(dec.history) - 1
+    dec.generate(40 - done)
+    assert dec.history[len(PROMPT) :] == expected
+
+
 def test_stop_ids_end_inside_a_verify_without_extra_draws() -> None:
     model = InductionModel(VOCAB, seed=5)
     expected = plain(model, SAMPLED, 80)
