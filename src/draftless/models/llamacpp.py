@@ -733,7 +733,8 @@ class LlamaCppModel:
         ):
             # A decode step's few ids: checked without numpy. A step's forward has just
             # streamed the weights through every cache, and numpy's call path, cold, costs
-            # ~70 us here against ~7 us warm (SmolLM2, 2 threads): ~0.5% of a step.
+            # ~60 us against ~7 us warm (SmolLM2, 2 threads; benchmarks/step_overhead.py
+            # --cold): ~0.5% of a step.
             if token_ids:
                 self._check_range(min(token_ids), max(token_ids))
             if self._n_past + len(token_ids) > self.n_ctx:
