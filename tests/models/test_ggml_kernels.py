@@ -1,17 +1,19 @@
-"""Our patch to llama.cpp's kernels (patches/llama.cpp/): K-quant dot products over several
+"""Our patches to llama.cpp's kernels (patches/llama.cpp/): quantised dot products over several
 activation columns at once, each column bitwise the one-column kernel's result.
 
 The decoder's losslessness on llama.cpp needs a verify row to equal the single-token row to the
-last bit (test_llamacpp_exact.py checks that on whole models). The patch makes a verify cheaper
-by unpacking each weight row once for up to four columns; these tests call both kernels in the
-installed wheel's libggml-cpu on random blocks and compare the bits, and check that set-up did
-install the patched wheel.
+last bit (test_llamacpp_exact.py checks that on whole models). The patches make a verify cheaper
+by unpacking each weight row once for up to four columns: Q4_K and Q6_K against q8_K columns
+(0001, the Qwen and Gemma models), Q4_1 against q8_1 columns (0003, SmolLM2). These tests call
+both kernels in the installed wheel's libggml-cpu on random blocks and compare the bits, and
+check that set-up did install the patched wheel.
 """
 
 from __future__ import annotations
 
 import ctypes
 import platform
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -24,10 +26,14 @@ llama_cpp = pytest.importorskip("llama_cpp")
 pytestmark = pytest.mark.llamacpp
 
 QK_K = 256
-# block sizes in bytes (ggml-common.h): q4_K = d, dmin (f16), scales[12], qs[128];
-# q6_K = ql[128], qh[64], scales[16], d (f16); q8_K = d (f32), qs[256] (i8), bsums[16] (i16)
-BLOCK = {"q4_K": 144, "q6_K": 210}
+QK8_1 = 32
+# weight kind -> (block bytes, elements per block, activation kind), from ggml-common.h:
+# q4_K = d, dmin (f16), scales[12], qs[128]; q6_K = ql[128], qh[64], scales[16], d (f16);
+# q4_1 = d, m (f16), qs[16]
+KINDS = {"q4_K": (144, QK_K, "q8_K"), "q6_K": (210, QK_K, "q8_K"), "q4_1": (20, QK8_1, "q8_1")}
+# q8_K = d (f32), qs[256] (i8), bsums[16] (i16); q8_1 = d, s = d * sum(qs) (f16), qs[32] (i8)
 Q8K_BLOCK = 4 + QK_K + 2 * (QK_K // 16)
+Q81_BLOCK = 4 + QK8_1
 MAX_COLS = 4
 
 
@@ -50,31 +56,66 @@ def _ggml_cpu() -> ctypes.CDLL:
     return lib
 
 
-def _functions(kind: str) -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr]:
+def _functions(kind: str) -> tuple[Callable[..., None], Callable[..., None]]:
+    """The one-column kernel and the column kernel, called as one(n, s, x, y) and
+    cols(n, s, x, [y, ...]) on numpy blocks."""
     lib = _ggml_cpu()
-    one = getattr(lib, f"ggml_vec_dot_{kind}_q8_K")
+    name = f"ggml_vec_dot_{kind}_{KINDS[kind][2]}"
+    one = getattr(lib, name)
     one.restype = None
     one.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
                     ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]  # fmt: skip
-    cols = getattr(lib, f"ggml_vec_dot_{kind}_q8_K_cols")
+    cols = getattr(lib, f"{name}_cols")
     cols.restype = None
-    cols.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
-                     ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]  # fmt: skip
-    return one, cols
+    pointers = ctypes.POINTER(ctypes.c_void_p)
+    if kind == "q4_1":
+        # its columns come with their block scales widened to f32 first, as the matmul does
+        widen = lib.ggml_q8_1_widen_scales
+        widen.restype = None
+        widen.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+        cols.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, pointers, pointers,
+                         ctypes.c_int]  # fmt: skip
+    else:
+        cols.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, pointers, ctypes.c_int]
+
+    def call_one(n: int, s: np.ndarray, x: np.ndarray, y: np.ndarray) -> None:
+        one(n, s.ctypes.data, 0, x.ctypes.data, 0, y.ctypes.data, 0, 1)
+
+    def call_cols(n: int, s: np.ndarray, x: np.ndarray, ys: list[np.ndarray]) -> None:
+        columns = (ctypes.c_void_p * len(ys))(*(y.ctypes.data for y in ys))
+        if kind != "q4_1":
+            cols(n, s.ctypes.data, x.ctypes.data, columns, len(ys))
+            return
+        widened = [np.full(2 * (n // QK8_1), np.nan, dtype=np.float32) for _ in ys]
+        for w, y in zip(widened, ys, strict=True):
+            widen(n, w.ctypes.data, y.ctypes.data)
+        scales = (ctypes.c_void_p * len(ys))(*(w.ctypes.data for w in widened))
+        cols(n, s.ctypes.data, x.ctypes.data, columns, scales, len(ys))
+
+    return call_one, call_cols
 
 
 def _weights(kind: str, blocks: int, rng: np.random.Generator) -> np.ndarray:
     """Random blocks with finite f16 scales (random bytes could make NaN and inf)."""
-    raw = rng.integers(0, 256, size=(blocks, BLOCK[kind]), dtype=np.uint8)
+    raw = rng.integers(0, 256, size=(blocks, KINDS[kind][0]), dtype=np.uint8)
     scales = rng.uniform(-0.05, 0.05, size=(blocks, 2)).astype(np.float16).view(np.uint8)
-    if kind == "q4_K":
-        raw[:, 0:4] = scales.reshape(blocks, 4)  # d, dmin
+    if kind in ("q4_K", "q4_1"):
+        raw[:, 0:4] = scales.reshape(blocks, 4)  # d, dmin / d, m
     else:
         raw[:, 208:210] = scales[:, 0:2]  # d
     return np.ascontiguousarray(raw)
 
 
-def _activations(blocks: int, rng: np.random.Generator) -> np.ndarray:
+def _activations(kind: str, blocks: int, rng: np.random.Generator) -> np.ndarray:
+    """Random activation blocks of the kind the weight kind's dot product takes."""
+    if KINDS[kind][2] == "q8_1":
+        out = np.zeros((blocks, Q81_BLOCK), dtype=np.uint8)
+        qs = rng.integers(-127, 128, size=(blocks, QK8_1), dtype=np.int8)
+        d = rng.uniform(0.001, 0.1, size=blocks).astype(np.float16)
+        s = (d.astype(np.float32) * qs.sum(axis=1)).astype(np.float16)
+        out[:, 0:4] = np.stack([d, s], axis=1).view(np.uint8)
+        out[:, 4:] = qs.view(np.uint8)
+        return out
     out = np.zeros((blocks, Q8K_BLOCK), dtype=np.uint8)
     qs = rng.integers(-127, 128, size=(blocks, QK_K), dtype=np.int8)
     out[:, 0:4] = rng.uniform(0.001, 0.1, size=(blocks, 1)).astype(np.float32).view(np.uint8)
@@ -87,17 +128,18 @@ def _activations(blocks: int, rng: np.random.Generator) -> np.ndarray:
 @needs_kernels
 def test_set_up_installed_the_patched_wheel() -> None:
     lib = _ggml_cpu()
-    for kind in BLOCK:
-        assert hasattr(lib, f"ggml_vec_dot_{kind}_q8_K_cols"), (
-            f"libggml-cpu has no ggml_vec_dot_{kind}_q8_K_cols: the wheel was built without "
-            "patches/llama.cpp (re-run make setup)"
+    for kind, (_, _, activations) in KINDS.items():
+        name = f"ggml_vec_dot_{kind}_{activations}_cols"
+        assert hasattr(lib, name), (
+            f"libggml-cpu has no {name}: the wheel was built without patches/llama.cpp "
+            "(re-run make setup)"
         )
 
 
 @needs_kernels
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=90, deadline=None)
 @given(
-    kind=st.sampled_from(sorted(BLOCK)),
+    kind=st.sampled_from(sorted(KINDS)),
     blocks=st.integers(1, 8),
     ncols=st.integers(1, MAX_COLS),
     seed=st.integers(0, 2**32 - 1),
@@ -108,29 +150,29 @@ def test_every_column_is_bitwise_the_one_column_kernel(
     rng = np.random.default_rng(seed)
     one, cols = _functions(kind)
     x = _weights(kind, blocks, rng)
-    ys = [_activations(blocks, rng) for _ in range(ncols)]
-    n = blocks * QK_K
+    ys = [_activations(kind, blocks, rng) for _ in range(ncols)]
+    n = blocks * KINDS[kind][1]
     expected = np.zeros(ncols, dtype=np.float32)
     for c, y in enumerate(ys):
-        one(n, expected[c:].ctypes.data, 0, x.ctypes.data, 0, y.ctypes.data, 0, 1)
+        one(n, expected[c:], x, y)
     got = np.full(ncols, np.nan, dtype=np.float32)
-    pointers = (ctypes.c_void_p * ncols)(*(y.ctypes.data for y in ys))
-    cols(n, got.ctypes.data, x.ctypes.data, pointers, ncols)
+    cols(n, got, x, ys)
     assert np.isfinite(expected).all() and (expected != 0).all()
     assert got.view(np.uint32).tolist() == expected.view(np.uint32).tolist(), (got, expected)
 
 
 @needs_kernels
-def test_the_oracle_sees_a_wrong_column() -> None:
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_the_oracle_sees_a_wrong_column(kind: str) -> None:
     """The comparison above can fail: a column fed another column's activations differs."""
     rng = np.random.default_rng(7)
-    one, cols = _functions("q4_K")
-    x = _weights("q4_K", 4, rng)
-    ys = [_activations(4, rng) for _ in range(3)]
+    one, cols = _functions(kind)
+    x = _weights(kind, 4, rng)
+    ys = [_activations(kind, 4, rng) for _ in range(3)]
+    n = 4 * KINDS[kind][1]
     expected = np.zeros(3, dtype=np.float32)
     for c, y in enumerate(ys):
-        one(4 * QK_K, expected[c:].ctypes.data, 0, x.ctypes.data, 0, y.ctypes.data, 0, 1)
+        one(n, expected[c:], x, y)
     got = np.zeros(3, dtype=np.float32)
-    swapped = (ctypes.c_void_p * 3)(ys[0].ctypes.data, ys[2].ctypes.data, ys[1].ctypes.data)
-    cols(4 * QK_K, got.ctypes.data, x.ctypes.data, swapped, 3)
+    cols(n, got, x, [ys[0], ys[2], ys[1]])
     assert got[0] == expected[0] and got[1] != expected[1] and got[2] != expected[2]
