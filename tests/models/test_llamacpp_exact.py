@@ -138,12 +138,13 @@ def test_exact_attention_agrees_with_unfused_f32_attention(
     smol: LlamaCppModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Bitwise agreement between verify and single rows would not notice attention that is
-    consistently wrong (patches/llama.cpp/0002 computes the bf16 V cache's part of flash
-    attention in a kernel of ours). Against llama.cpp's plain attention (no flash attention,
-    K and V cached in f32: other kernels), rows must differ only by rounding: the argmax in at
-    most 1 row in 10 and a median row max |diff| under 1 logit (SmolLM2's logits span ~36).
-    Measured: 5.0% and 0.61 at 1 and 2 threads; with a kernel that drops the last 8 of the
-    64 V lanes, 36.8% and 6.25, while the verify-equals-single checks above still passed."""
+    consistently wrong (patches/llama.cpp/0002 and 0004 compute the exact configuration's
+    attention row in kernels of ours). Against llama.cpp's plain attention (no flash
+    attention, K and V cached in f32: other kernels), rows must differ only by rounding: the
+    argmax in at most 1 row in 10 and a median row max |diff| under 1 logit (SmolLM2's logits
+    span ~36). Measured: 5.0% and 0.61 at 1 and 2 threads with ggml's loop (0002), 5.25% and
+    0.63 with the tiled row of 0004; with a kernel that drops the last 8 of the 64 V lanes,
+    36.8% and 6.25, while the verify-equals-single checks above still passed."""
     from draftless.models import llamacpp
 
     ids = _corpus(smol, 700)

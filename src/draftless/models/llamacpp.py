@@ -44,11 +44,21 @@ K/V head on one thread. Same bits; on the 1.5B at a 700-token context the step's
 fell from ~15% to ~9% of its CPU time (perf, two threads: benchmarks/step_profile.py).
 
 What makes a verify cheap again: set-up builds llama.cpp with patches/llama.cpp/, whose
-Q4_K and Q6_K dot products take up to four activation columns per weight row, unpacking the
-row once, each column bitwise the one-column kernel's result (tests/models/test_ggml_kernels.py
-checks the bits on random blocks). On Qwen2.5-Coder-1.5B Q4_K_M at one thread a forward of 8
-tokens fell from ~6.5 to ~3.7 plain steps and one of 64 from ~5.5 s to ~4.1 s
-(benchmarks/exactness_cost.py); rows stay bitwise single-token rows.
+Q4_K and Q6_K (0001) and Q4_1 (0003) dot products take up to four activation columns per
+weight row, unpacking the row once, each column bitwise the one-column kernel's result
+(tests/models/test_ggml_kernels.py checks the bits on random blocks). On Qwen2.5-Coder-1.5B
+Q4_K_M at one thread a forward of 8 tokens fell from ~6.5 to ~3.7 plain steps and one of 64
+from ~5.5 s to ~4.1 s; on SmolLM2 (Q4_1, two threads) a forward of 64 from ~410 to ~310 ms
+(benchmarks/exactness_cost.py). Rows stay bitwise single-token rows.
+
+patches/llama.cpp/0004 rewrites the exact configuration's attention row (K f16, V bf16 only):
+keys in tiles of 256 at fixed cell indices, the softmax's maximum and rescale once a tile,
+exp through ggml's vector routine, V accumulated in registers across a tile's keys. ggml's
+loop paid a libm expf, a branch and a load and store of the accumulator at every key. The
+arithmetic differs from ggml's (a verify row still equals the single-token row, bitwise:
+test_llamacpp_exact.py, contexts crossing tile edges), and so do the bits of the logits; on
+SmolLM2 at a 1,000-token context the plain step fell from ~16.8 to ~13.6 ms and a forward of
+64 from ~610 to ~350 ms (with 0003; exactness_cost.py --context 1000).
 """
 
 from __future__ import annotations
