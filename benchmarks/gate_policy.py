@@ -29,10 +29,13 @@ def run(args: argparse.Namespace) -> None:
     from draftless import SpecOptions, SpeculativeDecoder, load_model, table_for
     from draftless.bench.runner import Ours, Runner
     from draftless.bench.tasks import Prompt, Task, load_tasks
+    from draftless.costs import default_table
     from draftless.sources.cascade import SpeculationIndex
 
     model = load_model(args.model, backend="llamacpp", n_threads=args.threads)
-    table = table_for(model)[0]
+    # the table the gate would use here, or a backend's shipped one: "hf" runs the policy as
+    # it decides on transformers' flat table, with SmolLM2's llama.cpp outputs as the text
+    table = table_for(model)[0] if args.table == "stored" else default_table(args.table)
     tasks = load_tasks(args.tasks)
     held = json.loads((HERE / "heldout-free-form.json").read_text())
     prompts = tuple(Prompt(f"h{i}", text, None) for i, text in enumerate(held))
@@ -93,6 +96,7 @@ def main() -> None:
     r.add_argument("--threads", type=int, default=2)
     r.add_argument("--tasks", nargs="+", default=TASKS)
     r.add_argument("-n", type=int, default=192, help="new tokens per prompt at most")
+    r.add_argument("--table", choices=["stored", "llamacpp", "hf"], default="stored")
     r.add_argument("--out", type=Path, required=True)
     c = sub.add_parser("compare")
     c.add_argument("before", type=Path)

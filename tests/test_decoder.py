@@ -216,7 +216,8 @@ def test_gate_reopens_when_drafts_pay() -> None:
         300,
         source=ScriptedSource(propose),
         options=opts,
-        cost_table=CostTable((1, 2, 16), (1.0, 1.5, 3.0)),
+        # flat enough that the gate starts on at the prior (0.5 for drafts without a match)
+        cost_table=CostTable((1, 2, 16), (1.0, 1.2, 3.0)),
     )
     assert result.token_ids == expected
     assert result.stats.gate_off >= 1 and result.stats.gate_on >= 1
@@ -505,8 +506,9 @@ def test_a_losing_member_is_gated_off_without_silencing_a_winning_one() -> None:
     model = InductionModel(VOCAB, seed=12)
     expected = plain(model, GREEDY, 400)
     source = TwoMembers(PROMPT + expected)
+    # flat enough that both members start on at the prior (0.5 for drafts without a match)
     dec = SpeculativeDecoder(
-        model, source=source, cost_table=CostTable((1, 2, 17), (1.0, 1.5, 4.0))
+        model, source=source, cost_table=CostTable((1, 2, 17), (1.0, 1.2, 4.0))
     )
     model.truncate(0)
     dec.append(PROMPT)

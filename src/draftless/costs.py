@@ -82,11 +82,13 @@ class CostTable:
 
 
 # Shipped defaults, used until `draftless probe` stores a table for the model and machine.
-# Measured with SmolLM2-135M on a 2-core x86 machine: transformers fp32; llama.cpp Q4_1 built
-# for AVX2, where a batch costs nearly k single steps (no batched kernel for Q4_1 there).
+# Measured with SmolLM2-135M on a 2-core x86 machine: transformers fp32, one thread; llama.cpp
+# Q4_1 built for AVX2 with patches/llama.cpp (column kernels, tiled attention), both cores,
+# `draftless probe --no-store`, the middle of three runs (without patches 0003 and 0004 a
+# forward of k cost ~0.55 k plain steps: C(8) 4.6, C(32) 16.4-17.4).
 DEFAULT_COST_TABLES: dict[str, CostTable] = {
     "hf": CostTable((1, 2, 4, 8, 16, 32), (1.0, 1.47, 1.7, 2.0, 2.5, 3.7)),
-    "llamacpp": CostTable((1, 2, 4, 8, 16, 32), (1.0, 1.7, 2.85, 5.1, 10.0, 19.7)),
+    "llamacpp": CostTable((1, 2, 4, 8, 16, 32), (1.0, 1.55, 2.15, 3.6, 6.6, 12.6)),
 }
 
 

@@ -78,7 +78,13 @@ class GateOptions:
 
 
 CALIBRATE_EVERY = 32  # timed verifies between two plain steps taken to time a plain step
-PRIOR_TOKEN_ACCEPTANCE = 0.8  # per-token acceptance assumed before any evidence, no match
+# Per-token acceptance assumed before any evidence for a draft that is not a match (Token
+# Recycling's): the evidence behind it is one token, as behind a 1-token match. At 0.8 it
+# started recycling ON on llama.cpp's table once verifies got cheap (patches 0003, 0004), and
+# those first verifies lost: benchmarks/gate_policy.py, 0.8 -> 0.5, SmolLM2, worst prompt of
+# free-form 0.917 -> 0.953, held-out 0.972 -> 0.986, RAG 0.888 -> 0.956, no family's median
+# lower; on transformers' table (--table hf) no family's median lower either.
+PRIOR_TOKEN_ACCEPTANCE = 0.5
 PRIOR_WEIGHT = 4.0  # draft tokens' worth of evidence the prior counts for
 
 # Evidence buckets of the match length behind a draft: (smallest length, label).
