@@ -1,0 +1,268 @@
+"""The gate's policy replayed offline: record each prompt's stream once, then decide in seconds.
+
+    PYTHONPATH=src python benchmarks/gate_sim.py record -m smollm2 --out streams.json
+    PYTHONPATH=src python benchmarks/gate_sim.py replay streams.json [--table llamacpp|hf]
+
+Why it is exact. Greedy decoding is lossless, so the committed stream of a prompt is the same
+whatever the gate decides; and the cascade's state is a function of that stream alone (it
+observes committed tokens and the top-k of committed rows, which a verify row gives bitwise
+as a plain step does on the exact configuration). So `record` decodes every prompt plainly
+once (the bench's greedy tasks, benchmarks/heldout-free-form.json and the three held-out
+families of benchmarks/heldout-real.json: copies of stdlib docstrings, renames in stdlib
+functions, free-form) and keeps, at every position, the draft the cascade would propose there
+(64 tokens at most: a shorter budget takes a prefix of it, the source protocol's promise).
+`replay` then runs the real `SpeculativeDecoder` and `CostGate` on a model that answers with
+the recorded stream and a source that answers with the recorded drafts, clock off, every
+forward costed by the cost table, as `gate_policy.py run` does with the model itself; `replay
+--check FILE` compares with that run's output (tests/test_gate_sim.py proves the replay equal
+to the decoder on an exact fake model). A gate change is then measured on the bench's prompts
+and the held-out ones in about a second, beside `oracle_speedup`, the ceiling of any gate on
+the cascade's drafts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+TASKS = ["free-form", "grounded-copy", "code-edit", "rag-reference", "repetition"]
+MAX_DRAFT = 64
+
+
+class _Recorder:
+    """A source that records what the cascade would propose at each position, and drafts
+    nothing: the decoder then decodes plainly, one position per step."""
+
+    def __init__(self, cascade, start: int) -> None:
+        self.cascade = cascade
+        self.wants_topk = cascade.wants_topk
+        self.at = start  # stream position the next proposal continues
+        self.drafts: dict[int, tuple[list[int], str, int]] = {}
+
+    def propose(self, budget: int):
+        draft = self.cascade.propose(MAX_DRAFT)
+        if draft is not None:
+            self.drafts[self.at] = ([int(t) for t in draft.tokens], draft.member, draft.match_len)
+        return None
+
+    def observe(self, committed: Sequence[int]) -> None:
+        self.cascade.observe(committed)
+        self.at += len(committed)
+
+    def observe_topk(self, token_ids, topk_ids) -> None:
+        self.cascade.observe_topk(token_ids, topk_ids)
+
+
+def record_stream(
+    model, prompt: Sequence[int], references: Sequence[Sequence[int]], max_new_tokens: int
+) -> dict:
+    """One prompt decoded greedily and plainly, with the cascade's draft at every position."""
+    from draftless import SpecOptions, SpeculativeDecoder
+    from draftless.sources.cascade import SpeculationIndex
+
+    cascade = SpeculationIndex(model.vocab_size)
+    for ref in references:
+        cascade.add_reference(list(ref))
+    rec = _Recorder(cascade, 0)
+    dec = SpeculativeDecoder(model, source=rec, options=SpecOptions(), clock=None)
+    dec.append(prompt)
+    stops = sorted(model.eos_token_ids)
+    generated = [t for chunk in dec.stream(max_new_tokens, stops) for t in chunk]
+    return {
+        "prompt": [int(t) for t in prompt],
+        "generated": generated,
+        "max_new_tokens": max_new_tokens,
+        "stops": stops,
+        "drafts": {str(k): v for k, v in rec.drafts.items()},
+    }
+
+
+def record(args: argparse.Namespace) -> None:
+    from draftless import load_model
+    from draftless.bench.runner import Ours, Runner
+    from draftless.bench.tasks import Prompt, Task, load_tasks
+
+    model = load_model(args.model, backend="llamacpp", n_threads=args.threads)
+    tasks = load_tasks(args.tasks)
+    held = json.loads((HERE / "heldout-free-form.json").read_text())
+    prompts = tuple(Prompt(f"h{i}", text, None) for i, text in enumerate(held))
+    tasks.append(Task("held-out", "free-form, not in the bench", "free", "", 0.0, prompts, ()))
+    real = json.loads((HERE / "heldout-real.json").read_text())["families"]
+    for name, items in real.items():
+        ps = tuple(Prompt(item["id"], item["text"], None) for item in items)
+        tasks.append(Task(name, "held out: real text and code", "free", "", 0.0, ps, ()))
+    runner = Runner(model, [Ours(model, spec=False, cost_table=None)], max_new_tokens=args.n)
+    out = {"model": args.model, "vocab_size": model.vocab_size, "streams": {}}
+    for task in tasks:
+        for job in runner.jobs(task):
+            entry = record_stream(model, job.ids, job.references, job.max_new_tokens)
+            out["streams"][f"{task.name}/{job.prompt_id}"] = entry
+            print(f"{task.name}/{job.prompt_id}: {len(entry['generated'])} tokens", file=sys.stderr)
+    args.out.write_text(json.dumps(out))
+
+
+class _ReplayModel:
+    """Answers every forward with one-hot rows of the recorded stream: row i of a forward at
+    cache length n picks stream[n + i + 1], what the real model's greedy row picked."""
+
+    name, backend, path, threads, tokenizer = "replay", "replay", None, None, None
+    n_ctx = None
+
+    def __init__(self, stream: list[int], vocab: int, stops: Sequence[int]) -> None:
+        self.stream, self.vocab_size = stream, vocab
+        self.eos_token_ids = frozenset(stops)
+        self.n_past = 0
+
+    def forward(self, token_ids: Sequence[int]) -> np.ndarray:
+        rows = np.zeros((len(token_ids), self.vocab_size), dtype=np.float32)
+        for i in range(len(token_ids)):
+            at = self.n_past + i + 1
+            rows[i, self.stream[at] if at < len(self.stream) else 0] = 1.0
+        self.n_past += len(token_ids)
+        return rows
+
+    def prefill(self, token_ids: Sequence[int]) -> None:
+        self.n_past += len(token_ids)
+
+    def truncate(self, n: int) -> None:
+        self.n_past = min(self.n_past, n)
+
+    def close(self) -> None:
+        pass
+
+
+class _ReplaySource:
+    wants_topk = False
+
+    def __init__(self, drafts: dict[str, list]) -> None:
+        self.drafts = {int(k): v for k, v in drafts.items()}
+        self.at = 0
+
+    def propose(self, budget: int):
+        from draftless.sources.base import Draft
+
+        got = self.drafts.get(self.at)
+        if got is None or budget <= 0:
+            return None
+        tokens, member, match_len = got
+        return Draft(tokens[:budget], member, match_len)
+
+    def observe(self, committed: Sequence[int]) -> None:
+        self.at += len(committed)
+
+    def observe_topk(self, token_ids, topk_ids) -> None:
+        pass
+
+
+def replay_one(entry: dict, vocab: int, table) -> dict:
+    from draftless import SpecOptions, SpeculativeDecoder
+
+    stream = entry["prompt"] + entry["generated"]
+    model = _ReplayModel(stream, vocab, entry["stops"])
+    source = _ReplaySource(entry["drafts"])
+    dec = SpeculativeDecoder(
+        model, source=source, options=SpecOptions(), cost_table=table, clock=None
+    )
+    dec.append(entry["prompt"])
+    got = [t for chunk in dec.stream(entry["max_new_tokens"], entry["stops"]) for t in chunk]
+    if got != entry["generated"]:
+        raise AssertionError("the replay left the recorded stream")
+    s = dec.stats
+    cost = s.plain_steps + sum(n * table.cost(1 + d) for d, n in s.draft_lengths.items())
+    return {
+        "modeled_speedup": s.committed / cost,
+        "verifies": s.verify_steps,
+        "drafted": s.drafted,
+        "accepted": s.accepted,
+        "plain_steps": s.plain_steps,
+        "shadow_checks": s.shadow_checks,
+        "draft_lengths": dict(s.draft_lengths),
+    }
+
+
+def oracle_speedup(entry: dict, table, min_draft: int = 2) -> float:
+    """The modeled speedup of a gate that knew the future: at each position a plain step, or
+    a verify of the cascade's draft cut to any length d >= min_draft (committing the accepted
+    tokens of the first d, plus one), whichever reaches the end cheapest (a shortest path over
+    positions). The ceiling of any gate on the cascade's drafts, against which `replay`
+    reports each policy's share of the gain."""
+    stream = entry["prompt"] + entry["generated"]
+    start, end = len(entry["prompt"]), len(stream)
+    drafts = {int(k): v[0] for k, v in entry["drafts"].items()}
+    cost = [0.0] + [table.cost(k) for k in range(1, MAX_DRAFT + 2)]
+    best = [0.0] * (end + 1)  # best[t]: least cost from position t to the end
+    for t in range(end - 1, start - 1, -1):
+        tokens, accepted = drafts.get(t, []), 0
+        while (
+            accepted < len(tokens)
+            and t + accepted < end
+            and tokens[accepted] == stream[t + accepted]
+        ):
+            accepted += 1
+        best[t] = 1.0 + best[t + 1]
+        for d in range(min_draft, min(len(tokens), end - t - 1) + 1):
+            committed = min(d, accepted) + 1
+            best[t] = min(best[t], cost[d + 1] + best[t + committed])
+    return (end - start) / best[start] if end > start else 1.0
+
+
+def replay(args: argparse.Namespace) -> None:
+    from draftless.costs import default_table
+
+    data = json.loads(args.streams.read_text())
+    table = default_table(args.table)
+    rows = {key: replay_one(e, data["vocab_size"], table) for key, e in data["streams"].items()}
+    if args.out:
+        args.out.write_text(json.dumps({"model": data["model"], "table": args.table, "rows": rows}))
+    if args.check:
+        ref = json.loads(args.check.read_text())["rows"]
+        bad = [
+            k
+            for k in ref
+            if k in rows and abs(ref[k]["modeled_speedup"] - rows[k]["modeled_speedup"]) > 1e-9
+        ]
+        print(f"check: {len(ref) - len(bad)}/{len(ref)} prompts equal to {args.check}")
+        for k in bad:
+            print(f"  {k}: {ref[k]['modeled_speedup']:.4f} vs {rows[k]['modeled_speedup']:.4f}")
+    families: dict[str, list[tuple[str, float, float]]] = {}
+    for key, row in rows.items():
+        oracle = oracle_speedup(data["streams"][key], table)
+        families.setdefault(key.split("/")[0], []).append((key, row["modeled_speedup"], oracle))
+    print("family          median  worst (prompt)                        oracle  share of its gain")
+    for name, rows_ in sorted(families.items()):
+        worst = min(rows_, key=lambda r: r[1])
+        share = [(v - 1) / (o - 1) if o > 1.001 else 1.0 for _, v, o in rows_]
+        print(
+            f"{name:15} {statistics.median(r[1] for r in rows_):.3f}   {worst[1]:.3f} "
+            f"({worst[0]:30.30}) {statistics.median(r[2] for r in rows_):.3f}   "
+            f"{statistics.median(share):.2f}"
+        )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("record")
+    r.add_argument("-m", "--model", default="smollm2")
+    r.add_argument("--threads", type=int, default=2)
+    r.add_argument("--tasks", nargs="+", default=TASKS)
+    r.add_argument("-n", type=int, default=192, help="new tokens per prompt at most")
+    r.add_argument("--out", type=Path, required=True)
+    p = sub.add_parser("replay")
+    p.add_argument("streams", type=Path)
+    p.add_argument("--table", choices=["llamacpp", "hf"], default="llamacpp")
+    p.add_argument("--out", type=Path)
+    p.add_argument("--check", type=Path, help="a gate_policy.py run --out file to compare with")
+    args = ap.parse_args()
+    record(args) if args.cmd == "record" else replay(args)
+
+
+if __name__ == "__main__":
+    main()
