@@ -214,10 +214,14 @@ def oracle_speedup(entry: dict, table, min_draft: int = 2) -> float:
 
 
 def replay(args: argparse.Namespace) -> None:
-    from draftless.costs import default_table
+    from draftless.costs import CostTable, default_table
 
     data = json.loads(args.streams.read_text())
-    table = default_table(args.table)
+    if args.table in ("llamacpp", "hf"):
+        table = default_table(args.table)
+    else:  # a table as JSON, e.g. one `draftless probe` measured: {"ks": [...], "costs": [...]}
+        spec = json.loads(Path(args.table).read_text())
+        table = CostTable(tuple(spec["ks"]), tuple(spec["costs"]))
     rows = {key: replay_one(e, data["vocab_size"], table) for key, e in data["streams"].items()}
     if args.out:
         args.out.write_text(json.dumps({"model": data["model"], "table": args.table, "rows": rows}))
@@ -257,7 +261,9 @@ def main() -> None:
     r.add_argument("--out", type=Path, required=True)
     p = sub.add_parser("replay")
     p.add_argument("streams", type=Path)
-    p.add_argument("--table", choices=["llamacpp", "hf"], default="llamacpp")
+    p.add_argument(
+        "--table", default="llamacpp", help='llamacpp, hf, or a JSON file {"ks": [], "costs": []}'
+    )
     p.add_argument("--out", type=Path)
     p.add_argument("--check", type=Path, help="a gate_policy.py run --out file to compare with")
     args = ap.parse_args()

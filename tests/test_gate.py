@@ -253,6 +253,46 @@ def test_a_gate_starts_off_where_even_the_prior_would_not_clear_the_probe_bar() 
     assert gate.allows() and gate.turned_on == 1
 
 
+def test_the_start_judges_the_drafts_the_decoder_verifies_not_shorter_ones() -> None:
+    # the 1.5B at one thread (draftless probe): a 1-token draft is cheap, a 2-token one is not
+    probed = CostTable((1, 2, 4, 8, 16, 32), (1.0, 1.28, 2.10, 4.12, 8.13, 16.33))
+    prior = prior_acceptance(None)  # recycling's
+    assert (1 + prior) / probed.cost(2) > 1.1 > (1 + prior + prior**2) / probed.cost(3)
+    for min_draft, state in ((1, GateState.ON), (2, GateState.OFF)):
+        gate = CostGate(probed, prior=prior)
+        gate.start(16, min_draft)
+        assert gate.state is state
+        assert gate.best_draft(prior, 16)[0] >= min_draft
+    gate = CostGate(probed, prior=0.99)
+    gate.start(16, min_draft=3)
+    assert gate.budget(16) >= 3 and gate.budget(2) == 2  # no room for 3: what there is
+
+
+def test_a_gate_started_on_its_prior_turns_off_at_its_first_losing_verify() -> None:
+    flat = DEFAULT_COST_TABLES["hf"]
+
+    def started() -> CostGate:
+        gate = CostGate(flat, GateOptions(probe_steps=3), prior=prior_acceptance("5-8"))
+        gate.start(16)
+        assert gate.allows()
+        return gate
+
+    gate = started()
+    gate.record_verify(k=5, drafted=4, accepted=0, committed=1)
+    assert not gate.allows() and gate.turned_off == 1  # the guess lost: back to shadow checks
+    gate = started()
+    gate.record_verify(k=5, drafted=4, accepted=4, committed=5)
+    gate.record_verify(k=5, drafted=4, accepted=0, committed=1)
+    assert gate.allows()  # past the first verify the window's evidence decides
+    gate = started()
+    gate.record_verify(k=5, drafted=4, accepted=0, committed=1)
+    for _ in range(3):  # earned back by shadow checks: a turn-on with evidence
+        gate.record_shadow(k=5, drafted=4, accepted=4, committed=5)
+    assert gate.allows()
+    gate.record_verify(k=5, drafted=4, accepted=0, committed=1)
+    assert gate.allows()
+
+
 def test_a_shadow_turn_on_that_does_not_hold_doubles_the_evidence_needed() -> None:
     gate = off_gate()  # probe_steps 3, window 16
 

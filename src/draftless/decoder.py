@@ -277,7 +277,7 @@ class SpeculativeDecoder:
         if gate is None:
             prior = prior_acceptance(bucket)
             gate = self.gates[name] = CostGate(self.cost_table, self.options.gate_options, prior)
-            gate.start(self.options.max_draft)
+            gate.start(self.options.max_draft, self.options.min_draft)
         return name, gate
 
     def _draft(self, room: int) -> tuple[Draft | None, CostGate | None]:

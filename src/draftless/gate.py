@@ -141,10 +141,12 @@ class CostGate:
         # a shadow turn-on is undone before the window has filled with real verifies.
         self._need = self.options.probe_steps
         self._since_on = -1  # real verifies since a shadow turn-on still on trial; -1: none
+        self._on_prior = False  # ON with no evidence but the prior (start() may set it)
         self._scale = 1.0  # live multiplier on the table
         self._costs: list[float] = []  # _draft_costs() at _costs_scale
         self._costs_scale = self._scale
         self._max_draft = 64  # the longest draft it budgets for (start() sets it)
+        self._min_draft = 2  # the shortest draft the decoder verifies (start() sets it)
         self._plain_seconds: float | None = None  # EWMA of a plain step's wall time
         self._timed_verifies = 0  # timed verifies since the last plain timing
         self.turned_off = 0
@@ -196,36 +198,50 @@ class CostGate:
         return (accepted + p * PRIOR_WEIGHT) / (accepted + rejections + PRIOR_WEIGHT)
 
     def best_draft(self, p: float, max_draft: int) -> tuple[int, float]:
-        """(d, rate): the draft length d <= max_draft that maximises expected committed
-        tokens per unit of verify cost, E(d) / C(d + 1) with E(d) = 1 + p + ... + p^d, and
-        that rate. Steep tables (llama.cpp on CPU) favour short drafts, flat ones long."""
-        best_d, best_rate, expected, term = max(1, max_draft), -1.0, 1.0, 1.0
-        costs = self._draft_costs(max(1, max_draft))
-        for d in range(1, max(1, max_draft) + 1):
+        """(d, rate): the draft length d, between the shortest draft the decoder verifies and
+        max_draft, that maximises expected committed tokens per unit of verify cost, E(d) /
+        C(d + 1) with E(d) = 1 + p + ... + p^d, and that rate. Steep tables (llama.cpp on CPU)
+        favour short drafts, flat ones long. A draft shorter than the decoder's min_draft is
+        never verified, so its rate must not turn a gate on: on the 1.5B at one thread a
+        1-token draft at recycling's prior pays 1.17x and the 2-token one it gets 1.04x."""
+        top = max(1, max_draft)
+        low = min(self._min_draft, top)
+        best_d, best_rate, expected, term = top, -1.0, 1.0, 1.0
+        costs = self._draft_costs(top)
+        for d in range(1, top + 1):
             term *= p
             expected += term
             rate = expected / costs[d]
-            if rate > best_rate + 1e-12:
+            if d >= low and rate > best_rate + 1e-12:
                 best_d, best_rate = d, rate
         return best_d, best_rate
 
-    def start(self, max_draft: int) -> None:
+    def start(self, max_draft: int, min_draft: int = 2) -> None:
         """Choose the first state, before any evidence. A gate whose drafts would not clear
         the turn-on bar even at the prior acceptance (a steep table: llama.cpp on an AVX2
         CPU, ~1.07x at best) starts OFF, and its source earns its first verify with shadow
-        checks; on a flat table (~2x) exploring with real verifies is cheap, so it starts ON."""
-        self._max_draft = max_draft
+        checks; on a flat table (~2x) exploring with real verifies is cheap, so it starts ON.
+        A gate started ON holds nothing but the prior, a guess: its first verify that commits
+        less than it cost turns it OFF at once, to earn the next one with free shadow checks,
+        where evidence would take `min_window_verifies` losing verifies. The drafts judged are
+        the ones the decoder verifies, `min_draft` tokens or more."""
+        self._max_draft, self._min_draft = max_draft, max(1, min_draft)
         bar = self.options.min_speedup + self.options.probe_margin
         if self.best_draft(self.prior, max_draft)[1] < bar:
             self.state = GateState.OFF
+        else:
+            self._on_prior = True
 
     def budget(self, max_draft: int) -> int:
         """Draft budget: the record's acceptance-adaptive max(2, 2 + ceil(acceptance x
         max_draft)) (max_draft while there is no evidence), capped at `best_draft`."""
         acc = self.acceptance()
-        limit = max_draft if acc is None else min(max_draft, max(2, 2 + math.ceil(acc * max_draft)))
+        low = self._min_draft
+        limit = (
+            max_draft if acc is None else min(max_draft, max(low, 2 + math.ceil(acc * max_draft)))
+        )
         best_d, _ = self.best_draft(self.token_acceptance(), limit)
-        return max(2, min(limit, best_d)) if limit >= 2 else limit
+        return max(low, min(limit, best_d)) if limit >= low else limit
 
     def wants_plain_timing(self) -> bool:
         """True when the live rescale has no recent plain step to compare verifies with: none
@@ -261,7 +277,10 @@ class CostGate:
             self._since_on += 1
             if self._since_on >= self.options.window:  # the turn-on held: back to the base
                 self._need, self._since_on = self.options.probe_steps, -1
-        if self._ready():
+        on_prior, self._on_prior = self._on_prior, False
+        if on_prior and committed < self._window[-1].cost:
+            self._turn_off()  # the prior's guess met its first evidence and lost
+        elif self._ready():
             window_est = self.est_speedup()
             if window_est is not None and window_est < self.options.min_speedup:
                 self._turn_off()
