@@ -2,6 +2,7 @@
 
     PYTHONPATH=src python benchmarks/gate_sim.py record -m smollm2 --out streams.json
     PYTHONPATH=src python benchmarks/gate_sim.py replay streams.json [--table llamacpp|hf]
+    python benchmarks/gate_sim.py compare before.json after.json    # two replay --out files
 
 Why it is exact. Greedy decoding is lossless, so the committed stream of a prompt is the same
 whatever the gate decides; and the cascade's state is a function of that stream alone (it
@@ -84,13 +85,12 @@ def record_stream(
     }
 
 
-def record(args: argparse.Namespace) -> None:
-    from draftless import load_model
-    from draftless.bench.runner import Ours, Runner
+def all_tasks(model, names: Sequence[str]) -> list:
+    """The bench's tasks `names`, then the held-out families: benchmarks/heldout-free-form.json
+    and the three of benchmarks/heldout-real.json."""
     from draftless.bench.tasks import Prompt, Task, load_tasks
 
-    model = load_model(args.model, backend="llamacpp", n_threads=args.threads)
-    tasks = load_tasks(args.tasks)
+    tasks = load_tasks(list(names))
     held = json.loads((HERE / "heldout-free-form.json").read_text())
     prompts = tuple(Prompt(f"h{i}", text, None) for i, text in enumerate(held))
     tasks.append(Task("held-out", "free-form, not in the bench", "free", "", 0.0, prompts, ()))
@@ -98,9 +98,17 @@ def record(args: argparse.Namespace) -> None:
     for name, items in real.items():
         ps = tuple(Prompt(item["id"], item["text"], None) for item in items)
         tasks.append(Task(name, "held out: real text and code", "free", "", 0.0, ps, ()))
+    return tasks
+
+
+def record(args: argparse.Namespace) -> None:
+    from draftless import load_model
+    from draftless.bench.runner import Ours, Runner
+
+    model = load_model(args.model, backend="llamacpp", n_threads=args.threads)
     runner = Runner(model, [Ours(model, spec=False, cost_table=None)], max_new_tokens=args.n)
     out = {"model": args.model, "vocab_size": model.vocab_size, "streams": {}}
-    for task in tasks:
+    for task in all_tasks(model, args.tasks):
         for job in runner.jobs(task):
             entry = record_stream(model, job.ids, job.references, job.max_new_tokens)
             out["streams"][f"{task.name}/{job.prompt_id}"] = entry
@@ -174,7 +182,12 @@ def replay_one(entry: dict, vocab: int, table) -> dict:
     got = [t for chunk in dec.stream(entry["max_new_tokens"], entry["stops"]) for t in chunk]
     if got != entry["generated"]:
         raise AssertionError("the replay left the recorded stream")
-    s = dec.stats
+    return modeled_row(dec.stats, table)
+
+
+def modeled_row(s, table) -> dict:
+    """A run's stats -> its modeled speedup (committed tokens over plain steps plus the
+    table's C(1 + draft) per verify) and the counts behind it."""
     cost = s.plain_steps + sum(n * table.cost(1 + d) for d, n in s.draft_lengths.items())
     return {
         "modeled_speedup": s.committed / cost,
@@ -250,6 +263,30 @@ def replay(args: argparse.Namespace) -> None:
         )
 
 
+def compare(before_path: Path, after_path: Path) -> None:
+    """Per prompt and per family (median, worst), two `replay --out` or `gate_policy.py run
+    --out` files side by side."""
+    a = json.loads(before_path.read_text())["rows"]
+    b = json.loads(after_path.read_text())["rows"]
+    families: dict[str, list[tuple[float, float]]] = {}
+    for key in sorted(a.keys() & b.keys()):
+        x, y = a[key], b[key]
+        families.setdefault(key.split("/")[0], []).append(
+            (x["modeled_speedup"], y["modeled_speedup"])
+        )
+        print(
+            f"{key:42} {x['modeled_speedup']:.3f} ({x['verifies']}v {x['accepted']}/"
+            f"{x['drafted']})  ->  {y['modeled_speedup']:.3f} ({y['verifies']}v "
+            f"{y['accepted']}/{y['drafted']})"
+        )
+    for name, pairs in sorted(families.items()):
+        before, after = [p[0] for p in pairs], [p[1] for p in pairs]
+        print(
+            f"{name:15} median {statistics.median(before):.3f} -> {statistics.median(after):.3f}"
+            f"   worst {min(before):.3f} -> {min(after):.3f}"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -266,8 +303,14 @@ def main() -> None:
     )
     p.add_argument("--out", type=Path)
     p.add_argument("--check", type=Path, help="a gate_policy.py run --out file to compare with")
+    c = sub.add_parser("compare")
+    c.add_argument("before", type=Path)
+    c.add_argument("after", type=Path)
     args = ap.parse_args()
-    record(args) if args.cmd == "record" else replay(args)
+    if args.cmd == "compare":
+        compare(args.before, args.after)
+    else:
+        record(args) if args.cmd == "record" else replay(args)
 
 
 if __name__ == "__main__":
