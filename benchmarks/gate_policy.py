@@ -11,7 +11,7 @@ timings and its scale stays 1, so two runs of the same code decide alike. Per pr
 reports the modeled speedup, committed tokens / (plain steps + sum of C(1 + draft) over
 verifies), with C the table the gate used. That isolates a change of gate policy from this
 machine's ±20% noise; the wall time of the result is `draftless bench`'s to measure.
-`gate_sim.py` gives the same numbers from recorded streams in a second, without the model;
+`gate_sim.py` gives the same numbers from recorded streams in seconds, without the model;
 this is the reference it is checked against (`gate_sim.py replay --check`).
 """
 

@@ -17,7 +17,7 @@ the recorded stream and a source that answers with the recorded drafts, clock of
 forward costed by the cost table, as `gate_policy.py run` does with the model itself; `replay
 --check FILE` compares with that run's output (tests/test_gate_sim.py proves the replay equal
 to the decoder on an exact fake model). A gate change is then measured on the bench's prompts
-and the held-out ones in about a second, beside `oracle_speedup`, the ceiling of any gate on
+and the held-out ones in under two seconds, beside `oracle_speedup`, the ceiling of any gate on
 the cascade's drafts.
 """
 
