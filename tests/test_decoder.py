@@ -472,6 +472,43 @@ def test_topk_goes_to_sources_that_want_it_and_only_those() -> None:
     )  # raises if called
 
 
+def test_topk_rows_are_computed_only_while_the_gate_of_their_member_is_on() -> None:
+    """A source that names the member its top-k rows feed gets them at the steps that end with
+    that member's gate on (or not yet made), never while it is off; without the gate, at every
+    step. The stream is the same either way."""
+    model = InductionModel(VOCAB, seed=1)
+    want = plain(model, GREEDY, 40)
+
+    class Named(ScriptedSource):
+        wants_topk = True
+        topk_member = "draft"
+        calls = 0
+
+        def observe_topk(self, token_ids, topk_ids):
+            self.calls += 1
+
+    cheap, dear = CostTable((1, 64), (1.0, 1.5)), CostTable((1, 2, 16), (1.0, 3.0, 10.0))
+    seen = set()
+    for table in (cheap, dear):
+        for script in (garbage_source(VOCAB).script, alternating_source(want, VOCAB).script):
+            for options in (None, ALWAYS):
+                source = Named(script)
+                dec = SpeculativeDecoder(
+                    model, source=source, cost_table=table, options=options, clock=None
+                )
+                dec.append(PROMPT)
+                out: list[int] = []
+                while len(out) < 40:
+                    before = source.calls
+                    out += dec.step(40 - len(out))
+                    gate = dec.gates.get("draft")
+                    on = options is ALWAYS or gate is None or gate.allows()
+                    assert source.calls - before == int(on)
+                    seen.add(on)
+                assert out == want[:40]
+    assert seen == {True, False}
+
+
 def test_invalid_decoder_options() -> None:
     from draftless.decoder import DecoderOptionsError
 

@@ -122,6 +122,10 @@ class TurnGate:
     def wants_topk(self) -> bool:
         return self.index.wants_topk and not self._closed
 
+    @property
+    def topk_member(self) -> str | None:
+        return getattr(self.index, "topk_member", None)
+
     def propose(self, budget: int) -> Draft | None:
         return None if self._closed else self.index.propose(budget)
 

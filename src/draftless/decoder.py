@@ -263,11 +263,27 @@ class SpeculativeDecoder:
         if self._shadows:
             self._check_shadows()
         if self.source is not None:
-            if self.source.wants_topk:
+            if self._wants_topk():
                 top = topk_rows(rows[: len(committed)], TOPK)  # [m, TOPK]
                 self.source.observe_topk(inputs[: len(committed)], top)
             self.source.observe(committed)
         return committed
+
+    def _wants_topk(self) -> bool:
+        """Whether this step's rows go to the source as top-k rows. They feed one member's
+        drafts (the cascade's recycling) and cost a step 60-120 us, most of it cache misses
+        right after a forward (benchmarks/step_overhead.py): 1.2% of SmolLM2's step on
+        llama.cpp, where recycling's short drafts never pay (its gate stays off). So they are
+        computed while that member's gate is on or not yet made; while it is off the member
+        still learns committed bigrams, and its shadow checks can turn it on again."""
+        source = self.source
+        if source is None or not source.wants_topk:
+            return False
+        member = getattr(source, "topk_member", None)
+        if member is None or not self.options.gate:
+            return True
+        gate = self.gates.get(member)
+        return gate is None or gate.allows()
 
     def _gate_for(self, draft: Draft) -> tuple[str, CostGate]:
         """The gate of a draft's member and evidence bucket, made on first use."""

@@ -13,6 +13,9 @@ in order, through `observe`; it never sees a token that was drafted but rejected
     wants_topk        -> bool         False: the decoder never computes top-k rows for it
     observe_topk(ids, topk)           topk[i] ([K] int32, best first) are the most likely
                                       successors of ids[i] in the verify forward that just ran
+    topk_member       -> str | None   optional: the member whose drafts the top-k rows feed
+                                      (the cascade's "recycling"); the decoder then computes
+                                      them only while that member's cost gate is on
 
 Worked example: committed stream [1 2 3 1 2]; a suffix-automaton source's propose(3) returns
 Draft([3, 1, 2], "conversation", match_len=2) (the continuation of the earlier "1 2"). The
@@ -55,6 +58,7 @@ class Source:
     """Defaults for a source that ignores top-k rows."""
 
     wants_topk: bool = False
+    topk_member: str | None = None
 
     def propose(self, budget: int) -> Draft | None:
         raise NotImplementedError

@@ -87,6 +87,7 @@ class SpeculationIndex:
         )
         self.vocab_size = vocab_size
         self.wants_topk: bool = recycling  # the decoder computes top-K rows only for recycling
+        self.topk_member: str | None = RECYCLING if recycling else None  # and while it pays
         self._conversation = SamIndex()
         self._references: list[_Reference] = []
         self._recycling = Recycling(vocab_size) if recycling else None
