@@ -1,7 +1,8 @@
 """The gate's policy replayed offline: record each prompt's stream once, then decide in seconds.
 
     PYTHONPATH=src python benchmarks/gate_sim.py record -m smollm2 --out streams.json
-    PYTHONPATH=src python benchmarks/gate_sim.py replay streams.json [--table llamacpp|hf]
+    PYTHONPATH=src python benchmarks/gate_sim.py replay streams.json [--table llamacpp|hf|T.json]
+        [--truth T.json]
     python benchmarks/gate_sim.py compare before.json after.json    # two replay --out files
 
 Why it is exact. Greedy decoding is lossless, so the committed stream of a prompt is the same
@@ -19,6 +20,12 @@ forward costed by the cost table, as `gate_policy.py run` does with the model it
 to the decoder on an exact fake model). A gate change is then measured on the bench's prompts
 and the held-out ones in under two seconds, beside `oracle_speedup`, the ceiling of any gate on
 the cascade's drafts.
+
+One approximation: the decoder computes top-k rows for recycling only while recycling's gate
+is on (`SpeculativeDecoder._wants_topk`), and a recording keeps them at every step, so a
+recycling draft made while its gate is off can differ. On the 81 prompts, SmolLM2 on both
+tables, `gate_policy.py run` (the real decoder) and the replay still agree prompt for prompt:
+recycling's gate never comes back on there.
 """
 
 from __future__ import annotations
@@ -169,7 +176,9 @@ class _ReplaySource:
         pass
 
 
-def replay_one(entry: dict, vocab: int, table) -> dict:
+def replay_one(entry: dict, vocab: int, table, truth=None) -> dict:
+    """The decoder and gate on one recorded prompt, deciding on `table`; the modeled speedup
+    is costed by `truth` (default: the same table), what the machine's forwards cost."""
     from draftless import SpecOptions, SpeculativeDecoder
 
     stream = entry["prompt"] + entry["generated"]
@@ -182,7 +191,7 @@ def replay_one(entry: dict, vocab: int, table) -> dict:
     got = [t for chunk in dec.stream(entry["max_new_tokens"], entry["stops"]) for t in chunk]
     if got != entry["generated"]:
         raise AssertionError("the replay left the recorded stream")
-    return modeled_row(dec.stats, table)
+    return modeled_row(dec.stats, truth or table)
 
 
 def modeled_row(s, table) -> dict:
@@ -230,12 +239,17 @@ def replay(args: argparse.Namespace) -> None:
     from draftless.costs import CostTable, default_table
 
     data = json.loads(args.streams.read_text())
-    if args.table in ("llamacpp", "hf"):
-        table = default_table(args.table)
-    else:  # a table as JSON, e.g. one `draftless probe` measured: {"ks": [...], "costs": [...]}
-        spec = json.loads(Path(args.table).read_text())
-        table = CostTable(tuple(spec["ks"]), tuple(spec["costs"]))
-    rows = {key: replay_one(e, data["vocab_size"], table) for key, e in data["streams"].items()}
+
+    def load(name: str) -> CostTable:
+        if name in ("llamacpp", "hf"):
+            return default_table(name)
+        spec = json.loads(Path(name).read_text())  # e.g. a probed table: {"ks": [], "costs": []}
+        return CostTable(tuple(spec["ks"]), tuple(spec["costs"]))
+
+    table = load(args.table)
+    truth = load(args.truth) if args.truth else table
+    streams = data["streams"]
+    rows = {key: replay_one(e, data["vocab_size"], table, truth) for key, e in streams.items()}
     if args.out:
         args.out.write_text(json.dumps({"model": data["model"], "table": args.table, "rows": rows}))
     if args.check:
@@ -250,7 +264,7 @@ def replay(args: argparse.Namespace) -> None:
             print(f"  {k}: {ref[k]['modeled_speedup']:.4f} vs {rows[k]['modeled_speedup']:.4f}")
     families: dict[str, list[tuple[str, float, float]]] = {}
     for key, row in rows.items():
-        oracle = oracle_speedup(data["streams"][key], table)
+        oracle = oracle_speedup(data["streams"][key], truth)
         families.setdefault(key.split("/")[0], []).append((key, row["modeled_speedup"], oracle))
     print("family          median  worst (prompt)                        oracle  share of its gain")
     for name, rows_ in sorted(families.items()):
@@ -300,6 +314,10 @@ def main() -> None:
     p.add_argument("streams", type=Path)
     p.add_argument(
         "--table", default="llamacpp", help='llamacpp, hf, or a JSON file {"ks": [], "costs": []}'
+    )
+    p.add_argument(
+        "--truth",
+        help="cost the result by this table (the machine's), while the gate decides on --table",
     )
     p.add_argument("--out", type=Path)
     p.add_argument("--check", type=Path, help="a gate_policy.py run --out file to compare with")

@@ -82,3 +82,17 @@ def test_the_library_uses_a_probed_table_exactly_as_the_cli_does(cache, monkeypa
     monkeypatch.setattr(SpeculativeDecoder, "__init__", spy)
     generate(model, [1, 2, 3], 2)
     assert seen == [result.table]
+
+
+def test_the_probe_prices_every_draft_the_gate_can_make_without_interpolating_short_ones() -> None:
+    """llama.cpp's costs climb in stairs (C(5) well above C(4)); interpolating between powers
+    of two hid them. Every width up to 32 is measured, and the widest verify the decoder makes
+    (max_draft + 1) is measured rather than extrapolated."""
+    from draftless.costs import PROBE_KS
+    from draftless.decoder import SpecOptions
+
+    assert set(range(1, 33)) <= set(PROBE_KS)
+    assert max(PROBE_KS) >= SpecOptions().max_draft + 1
+    table = DEFAULT_COST_TABLES["llamacpp"]
+    assert set(range(1, 33)) <= set(table.ks) and table.ks[-1] >= SpecOptions().max_draft + 1
+

@@ -23,7 +23,10 @@ import numpy as np
 from draftless.errors import UserError
 from draftless.models.base import Model, cache_dir
 
-PROBE_KS = (1, 2, 4, 8, 16, 32)
+# Every width up to 32, then sparser to max_draft + 1: on llama.cpp a forward's cost climbs in
+# stairs (row tiles: C(5) is ~0.7 steps above C(4), C(6) ~C(5)), which the powers of two hid,
+# and interpolating between them priced a 4-token draft at 2.5 steps that costs 2.9.
+PROBE_KS = (*range(1, 33), 40, 48, 56, 64, 65)
 
 
 class CostTableError(UserError, ValueError):
@@ -84,11 +87,19 @@ class CostTable:
 # Shipped defaults, used until `draftless probe` stores a table for the model and machine.
 # Measured with SmolLM2-135M on a 2-core x86 machine: transformers fp32, one thread; llama.cpp
 # Q4_1 built for AVX2 with patches/llama.cpp (column kernels, tiled attention), both cores,
-# `draftless probe --no-store`, the middle of three runs (without patches 0003 and 0004 a
-# forward of k cost ~0.55 k plain steps: C(8) 4.6, C(32) 16.4-17.4).
+# `draftless probe --no-store` (llama.cpp: the median of three runs at every width; without
+# patches 0003 and 0004 a forward of k cost ~0.55 k plain steps: C(8) 4.6, C(32) 16.4-17.4).
+_LLAMACPP_KS = (*range(1, 34), 40, 48, 64, 65)
+# fmt: off
+_LLAMACPP_COSTS = (
+    1, 1.52, 1.98, 2.17, 2.89, 2.98, 3.55, 3.68, 4.42, 4.55, 4.99, 5.37, 5.98, 6.02, 6.52,
+    6.68, 7.92, 7.89, 8.46, 8.6, 9.12, 9.42, 9.77, 9.94, 10.56, 10.87, 11.58, 11.61, 11.99,
+    12.35, 12.8, 13.15, 13.38, 15.78, 18.78, 24.69, 25.44,
+)
+# fmt: on
 DEFAULT_COST_TABLES: dict[str, CostTable] = {
     "hf": CostTable((1, 2, 4, 8, 16, 32), (1.0, 1.47, 1.7, 2.0, 2.5, 3.7)),
-    "llamacpp": CostTable((1, 2, 4, 8, 16, 32), (1.0, 1.55, 2.15, 3.6, 6.6, 12.6)),
+    "llamacpp": CostTable(_LLAMACPP_KS, _LLAMACPP_COSTS),
 }
 
 

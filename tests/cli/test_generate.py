@@ -12,6 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from draftless.costs import PROBE_KS
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -249,7 +251,7 @@ def test_probe_prints_the_table_without_storing(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     rows = [line.split("\t") for line in proc.stdout.splitlines() if line[:1].isdigit()]
-    assert [int(r[0]) for r in rows] == [1, 2, 4, 8, 16, 32]
+    assert [int(r[0]) for r in rows] == list(PROBE_KS)  # every width to 32, then sparser
     assert float(rows[0][1]) == 1.0 and all(float(r[1]) >= 1.0 for r in rows)
     assert not (env_cache / "costs").exists()
 
