@@ -96,3 +96,11 @@ def test_the_probe_prices_every_draft_the_gate_can_make_without_interpolating_sh
     table = DEFAULT_COST_TABLES["llamacpp"]
     assert set(range(1, 33)) <= set(table.ks) and table.ks[-1] >= SpecOptions().max_draft + 1
 
+
+def test_a_table_summary_shows_its_powers_of_two_and_how_many_widths() -> None:
+    from draftless.costs import CostTable
+
+    table = CostTable((1, 2, 3, 4, 5), (1.0, 1.5, 2.0, 2.2, 2.9))
+    assert table.summary() == "C(1)=1.00 C(2)=1.50 C(4)=2.20 (5 widths)"
+    assert CostTable((3, 5), (2.0, 3.0)).summary() == "C(3)=2.00 C(5)=3.00"
+    assert DEFAULT_COST_TABLES["hf"].summary().endswith("C(32)=3.70")

@@ -75,6 +75,14 @@ class CostTable:
             value = c0 + (c1 - c0) * (k - k0) / (k1 - k0)
         return max(1.0, value)
 
+    def summary(self) -> str:
+        """C(k) at the powers of two it holds, and how many widths it was measured at:
+        "C(2)=1.52 C(4)=2.17 ... (37 widths)"."""
+        pairs = list(zip(self.ks, self.costs, strict=True))
+        shown = [(k, c) for k, c in pairs if k & (k - 1) == 0] or pairs
+        text = " ".join(f"C({k})={c:.2f}" for k, c in shown)
+        return text + (f" ({len(self.ks)} widths)" if len(shown) < len(self.ks) else "")
+
     def to_json(self) -> str:
         return json.dumps({"ks": list(self.ks), "costs": list(self.costs)})
 

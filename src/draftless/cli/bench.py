@@ -267,8 +267,7 @@ def bench_backend(
             table, origin = measure(model).table, "measured"
         else:
             table, origin = table_for(model)
-        costs = ", ".join(f"C({k})={c:.2f}" for k, c in zip(table.ks, table.costs, strict=True))
-        say(f"[{model.backend}] verify costs ({origin}): {costs}")
+        say(f"[{model.backend}] verify costs ({origin}): {table.summary()}")
         methods: list[Method] = [
             Ours(model, spec=False, cost_table=table, max_draft=max_draft),
             Ours(model, spec=True, cost_table=table, max_draft=max_draft, make_source=make_source),
