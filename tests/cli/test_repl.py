@@ -94,6 +94,9 @@ class Terminal:
         pid, fd = pty.fork()
         if pid == 0:  # the child: the pty is its controlling terminal
             try:
+                # Ctrl-C as a user's shell delivers it: a runner started in the background
+                # (`cmd &` in a script) ignores SIGINT, and an exec'd child inherits that
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
                 os.chdir(cwd)
                 os.execve(sys.executable, [sys.executable, *argv], environ)
             finally:
@@ -135,9 +138,18 @@ class Terminal:
         """Ctrl-C once the REPL waits in readline. The prompt is written just before CPython's
         readline blocks in select() with no timeout; a SIGINT landing in between is handled
         but wakes nothing, so the keypress seems lost until the next key (seen once under
-        load). A short pause puts the key after the select() starts."""
+        load). A short pause puts the key after the select() starts; if nothing but the echo
+        follows within 3 s (it landed before the select() anyway), Ctrl-B, a
+        key that edits nothing on an empty line, wakes readline to act on it."""
         time.sleep(0.5)
+        seen = len(self.output)
         self.type("\x03")
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            if self.output[seen:].replace("^C", "").strip() or not self.alive():
+                return
+            self._read(0.2)
+        self.type("\x02")
 
     def alive(self) -> bool:
         if self.status is None:
