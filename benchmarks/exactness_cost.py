@@ -3,6 +3,7 @@ under llama.cpp's defaults (what llama-server runs), on one model and thread cou
 
     PYTHONPATH=src .venv/bin/python benchmarks/exactness_cost.py exact --threads 1
     PYTHONPATH=src .venv/bin/python benchmarks/exactness_cost.py llama.cpp --threads 1
+    PYTHONPATH=src .venv/bin/python benchmarks/exactness_cost.py exact+repack --threads 2
     PYTHONPATH=src .venv/bin/python benchmarks/exactness_cost.py exact --widths --reps 20
 
 (`--widths` with no k times the plain step only. To compare two llama.cpp builds, unzip each
@@ -17,6 +18,9 @@ which is what compares across configurations (each C(k) is relative to its own p
 
     exact      models/llamacpp.py as shipped: FA on, K f16 / V bf16, no repacked weights,
                tiled K-quant matmul off (a verify row equals the single-token row, bitwise)
+    exact+repack  exact, but with repacked weights (CPU_REPACK): not exact (a batch of 4+ rows
+               takes repack's gemm, one row its gemv), measured to price that one switch: on
+               an AVX-512 machine it was the whole gap between our plain step and llama.cpp's
     llama.cpp  llama.cpp's defaults: FA auto, K and V f16, repacked weights, tiled matmul on
                (rows of a batch differ from single-token rows: benchmarks/llamacpp_exact_rows.py)
 """
@@ -34,8 +38,9 @@ WIDTHS = (2, 4, 8, 16, 32, 64)
 
 
 def load_model(config: str, name: str, threads: int):  # type: ignore[no-untyped-def]
-    """The model under `config`: "exact" (as shipped) or "llama.cpp" (its defaults). One
-    configuration per process: ggml reads GGML_CPU_TILED_MM once."""
+    """The model under `config`: "exact" (as shipped), "exact+repack" (repacked weights on)
+    or "llama.cpp" (its defaults). One configuration per process: ggml reads
+    GGML_CPU_TILED_MM once."""
     if config == "llama.cpp":
         os.environ["GGML_CPU_TILED_MM"] = "1"  # before llamacpp's import sets it to 0
 
@@ -50,12 +55,14 @@ def load_model(config: str, name: str, threads: int):  # type: ignore[no-untyped
         context_params, model_params = CONFIGS["today"]
         llamacpp.EXACT_CONTEXT_PARAMS.update(context_params)
         llamacpp.EXACT_MODEL_PARAMS.update(model_params)
+    elif config == "exact+repack":
+        llamacpp.EXACT_MODEL_PARAMS.update({"use_extra_bufts": True})
     return LlamaCppModel.load(resolve(name), n_ctx=2048, n_threads=threads)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("config", choices=("exact", "llama.cpp"))
+    parser.add_argument("config", choices=("exact", "exact+repack", "llama.cpp"))
     parser.add_argument("--model", default="qwen2.5-coder-1.5b")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--reps", type=int, default=5)
