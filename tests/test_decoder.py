@@ -368,6 +368,42 @@ def test_stop_ids_end_inside_a_verify_without_extra_draws() -> None:
     assert got.stop_reason == "stop"
 
 
+def test_a_draft_ends_at_its_first_stop_id() -> None:
+    """What a draft holds after a stop id can never be committed (the run ends when the model
+    accepts the stop), so it is never verified: a perfect source drafts on past the stop, and
+    the verify that ends the run ends at it. Same tokens as plain."""
+    model = InductionModel(VOCAB, seed=5)
+    expected = plain(model, GREEDY, 80)
+    stop = expected[30]
+    first = expected.index(stop)
+    model.forward_calls.clear()
+    got = generate(
+        model,
+        PROMPT,
+        80,
+        source=perfect_source(PROMPT + expected + expected),
+        options=ALWAYS,
+        stop_ids=[stop],
+    )
+    assert got.token_ids == expected[: first + 1] and got.stop_reason == "stop"
+    drafts = [call[1:] for call in model.forward_calls]
+    assert all(stop not in d[:-1] for d in drafts)  # a stop id only ever ends a draft
+    assert drafts[-1] and drafts[-1][-1] == stop  # the last verify drafted through to it
+
+
+@given(
+    st.lists(st.integers(0, 9), max_size=12),
+    st.frozensets(st.integers(0, 9), max_size=3),
+)
+def test_through_first_stop_keeps_the_prefix_through_the_first_stop(tokens, stops) -> None:
+    from draftless.decoder import through_first_stop
+
+    cut = through_first_stop(tokens, stops)
+    assert tokens[: len(cut)] == cut
+    assert not any(t in stops for t in cut[:-1])
+    assert len(cut) == len(tokens) or cut[-1] in stops
+
+
 def test_max_new_tokens_is_exact() -> None:
     model = InductionModel(VOCAB, seed=5)
     expected = plain(model, GREEDY, 80)
