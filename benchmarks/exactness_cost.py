@@ -3,7 +3,7 @@ under llama.cpp's defaults (what llama-server runs), on one model and thread cou
 
     PYTHONPATH=src .venv/bin/python benchmarks/exactness_cost.py exact --threads 1
     PYTHONPATH=src .venv/bin/python benchmarks/exactness_cost.py llama.cpp --threads 1
-    PYTHONPATH=src .venv/bin/python benchmarks/exactness_cost.py exact+repack --threads 2
+    PYTHONPATH=src .venv/bin/python benchmarks/exactness_cost.py exact-no-repack --threads 2
     PYTHONPATH=src .venv/bin/python benchmarks/exactness_cost.py exact --widths --reps 20
 
 (`--widths` with no k times the plain step only. To compare two llama.cpp builds, unzip each
@@ -16,11 +16,12 @@ steps. Prints one
 line: the plain step in ms and C(k) in plain steps, plus the absolute ms of the widest verify,
 which is what compares across configurations (each C(k) is relative to its own plain step).
 
-    exact      models/llamacpp.py as shipped: FA on, K f16 / V bf16, no repacked weights,
-               tiled K-quant matmul off (a verify row equals the single-token row, bitwise)
-    exact+repack  exact, but with repacked weights (CPU_REPACK): not exact (a batch of 4+ rows
-               takes repack's gemm, one row its gemv), measured to price that one switch: on
-               an AVX-512 machine it was the whole gap between our plain step and llama.cpp's
+    exact      models/llamacpp.py as shipped: FA on, K f16 / V bf16, repacked weights where
+               the build has patches/llama.cpp/0005 (none on a stock build), tiled K-quant
+               matmul off (a verify row equals the single-token row, bitwise)
+    exact-no-repack  exact with the weights as in the file (no CPU_REPACK): what draftless ran
+               before 0005, to price that one switch (on an AVX-512 machine it was the whole
+               gap between our plain step and llama.cpp's)
     llama.cpp  llama.cpp's defaults: FA auto, K and V f16, repacked weights, tiled matmul on
                (rows of a batch differ from single-token rows: benchmarks/llamacpp_exact_rows.py)
 """
@@ -38,8 +39,8 @@ WIDTHS = (2, 4, 8, 16, 32, 64)
 
 
 def load_model(config: str, name: str, threads: int):  # type: ignore[no-untyped-def]
-    """The model under `config`: "exact" (as shipped), "exact+repack" (repacked weights on)
-    or "llama.cpp" (its defaults). One configuration per process: ggml reads
+    """The model under `config`: "exact" (as shipped), "exact-no-repack" (weights as in the
+    file) or "llama.cpp" (its defaults). One configuration per process: ggml reads
     GGML_CPU_TILED_MM once."""
     if config == "llama.cpp":
         os.environ["GGML_CPU_TILED_MM"] = "1"  # before llamacpp's import sets it to 0
@@ -55,14 +56,14 @@ def load_model(config: str, name: str, threads: int):  # type: ignore[no-untyped
         context_params, model_params = CONFIGS["today"]
         llamacpp.EXACT_CONTEXT_PARAMS.update(context_params)
         llamacpp.EXACT_MODEL_PARAMS.update(model_params)
-    elif config == "exact+repack":
-        llamacpp.EXACT_MODEL_PARAMS.update({"use_extra_bufts": True})
+    elif config == "exact-no-repack":
+        llamacpp.EXACT_MODEL_PARAMS.update({"use_extra_bufts": False})
     return LlamaCppModel.load(resolve(name), n_ctx=2048, n_threads=threads)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("config", choices=("exact", "exact+repack", "llama.cpp"))
+    parser.add_argument("config", choices=("exact", "exact-no-repack", "llama.cpp"))
     parser.add_argument("--model", default="qwen2.5-coder-1.5b")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--reps", type=int, default=5)

@@ -4,9 +4,11 @@ activation columns at once, each column bitwise the one-column kernel's result.
 The decoder's losslessness on llama.cpp needs a verify row to equal the single-token row to the
 last bit (test_llamacpp_exact.py checks that on whole models). The patches make a verify cheaper
 by unpacking each weight row once for up to four columns: Q4_K and Q6_K against q8_K columns
-(0001, the Qwen and Gemma models), Q4_1 against q8_1 columns (0003, SmolLM2). These tests call
-both kernels in the installed wheel's libggml-cpu on random blocks and compare the bits, and
-check that set-up did install the patched wheel.
+(0001, the Qwen and Gemma models), Q4_1 against q8_1 columns (0003, SmolLM2). Repacked Q4_K
+weights (0005: ggml lays them out 8 rows at a time and multiplies them by one activation row
+with a gemv, by groups of 4 rows with a gemm) get gemm rows bitwise the gemv's. These tests
+call both kernels in the installed wheel's libggml-cpu on random blocks and compare the bits,
+and check that set-up did install the patched wheel.
 """
 
 from __future__ import annotations
@@ -128,8 +130,8 @@ def _activations(kind: str, blocks: int, rng: np.random.Generator) -> np.ndarray
 @needs_kernels
 def test_set_up_installed_the_patched_wheel() -> None:
     lib = _ggml_cpu()
-    for kind, (_, _, activations) in KINDS.items():
-        name = f"ggml_vec_dot_{kind}_{activations}_cols"
+    names = [f"ggml_vec_dot_{kind}_{acts}_cols" for kind, (_, _, acts) in KINDS.items()]
+    for name in [*names, "ggml_cpu_draftless_repack_exact"]:
         assert hasattr(lib, name), (
             f"libggml-cpu has no {name}: the wheel was built without patches/llama.cpp "
             "(re-run make setup)"
@@ -176,3 +178,68 @@ def test_the_oracle_sees_a_wrong_column(kind: str) -> None:
     got = np.zeros(3, dtype=np.float32)
     cols(n, got, x, [ys[0], ys[2], ys[1]])
     assert got[0] == expected[0] and got[1] != expected[1] and got[2] != expected[2]
+
+
+# block_q4_Kx8: d[8], dmin[8] (f16), scales[96], qs[1024]: 8 weight rows' q4_K blocks interleaved.
+# block_q8_Kx4: d[4] (f32), qs[1024], bsums[64] (i16): 4 activation rows' q8_K blocks.
+Q4KX8_BLOCK = 16 + 16 + 96 + 1024
+Q8KX4_BLOCK = 16 + 1024 + 128
+
+
+def _repacked_q4_K(
+    nc: int, nr: int, blocks: int, seed: int, gemm_name: str = "ggml_gemm_q4_K_8x8_q8_K"
+) -> tuple[np.ndarray, np.ndarray]:
+    """(gemv rows, gemm rows), each [nr, nc]: nc weight rows (random block_q4_Kx8) times nr
+    random activation rows, one row at a time through the gemv (its activations quantised by
+    quantize_row_q8_K, as ggml does for one row) and all at once through the gemm (groups of
+    4 rows quantised by ggml_quantize_mat_q8_K_4x8)."""
+    lib = _ggml_cpu()
+    kernel = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p,
+              ctypes.c_int, ctypes.c_int]  # fmt: skip
+    quantize = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    gemv, gemm = lib.ggml_gemv_q4_K_8x8_q8_K, getattr(lib, gemm_name)
+    row_q8, rows_q8 = lib.quantize_row_q8_K, lib.ggml_quantize_mat_q8_K_4x8
+    for f, argtypes in ((gemv, kernel), (gemm, kernel), (row_q8, quantize), (rows_q8, quantize)):
+        f.restype, f.argtypes = None, argtypes
+    rng = np.random.default_rng(seed)
+    n = blocks * QK_K
+    w = rng.integers(0, 256, size=(nc // 8 * blocks, Q4KX8_BLOCK), dtype=np.uint8)
+    w[:, :32] = rng.uniform(-0.05, 0.05, size=(len(w), 16)).astype(np.float16).view(np.uint8)
+    x = np.ascontiguousarray(rng.standard_normal((nr, n)).astype(np.float32))
+    one = np.full((nr, nc), np.nan, dtype=np.float32)
+    for r in range(nr):
+        y = np.zeros(blocks * Q8K_BLOCK, dtype=np.uint8)
+        row_q8(x[r].ctypes.data, y.ctypes.data, n)
+        gemv(n, one[r].ctypes.data, nc, w.ctypes.data, y.ctypes.data, 1, nc)
+    ys = np.zeros((nr // 4, blocks * Q8KX4_BLOCK), dtype=np.uint8)
+    for g in range(nr // 4):
+        rows_q8(x[4 * g :].ctypes.data, ys[g].ctypes.data, n)
+    many = np.full((nr, nc), np.nan, dtype=np.float32)
+    gemm(n, many.ctypes.data, nc, w.ctypes.data, ys.ctypes.data, nr, nc)
+    return one, many
+
+
+@needs_kernels
+@settings(max_examples=40, deadline=None)
+@given(
+    nc=st.sampled_from([8, 16, 24, 40]),  # AVX-512 takes 16 weight rows a pass, AVX2 8
+    nr=st.sampled_from([4, 8, 16, 20, 36]),  # 16 activation rows a pass, then 4
+    blocks=st.integers(1, 4),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_repacked_q4_K_gemm_rows_are_bitwise_gemv_rows(
+    nc: int, nr: int, blocks: int, seed: int
+) -> None:
+    one, many = _repacked_q4_K(nc, nr, blocks, seed)
+    assert np.isfinite(one).all() and (one != 0).all()
+    assert many.view(np.uint32).tolist() == one.view(np.uint32).tolist(), np.abs(many - one).max()
+
+
+@needs_kernels
+def test_the_repack_oracle_sees_another_summation_order() -> None:
+    """The comparison above can fail: ggml's scalar gemm, which adds each 16-element piece's
+    product into the float sums (where the gemv adds a super block's integer sum once), gives
+    the same values to within rounding but not the same bits."""
+    one, many = _repacked_q4_K(16, 8, 4, seed=3, gemm_name="ggml_gemm_q4_K_8x8_q8_K_generic")
+    np.testing.assert_allclose(many, one, rtol=1e-4, atol=1e-5)
+    assert (many.view(np.uint32) != one.view(np.uint32)).any()

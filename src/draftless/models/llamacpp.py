@@ -30,12 +30,20 @@ splits a single step's attention by thread count. Three such kernels are switche
   llama.cpp's default), V bf16. That is no less accurate than f16/f16, whose V sums in f16:
   against attention in f32, SmolLM2's logits over 1,200 positions differ by a median row
   max of 0.62 (f16/bf16) and 0.64 (f16/f16), the argmax in 4.3% and 4.5% of rows;
-- repacked weights (CPU_REPACK: Q4_0, Q4_K, IQ4_NL ... laid out for 4-8 rows at a time) use
-  a gemm for batches of 4+ rows and a gemv for one; the weights are kept as in the file;
+- repacked weights (CPU_REPACK: Q4_0, Q4_K, IQ4_NL ... laid out 8 rows at a time) use a gemm
+  for groups of 4 rows and a gemv for one row, and ggml's gemm adds each 64-element piece's
+  integer sum into its float sums where the gemv adds a super block's once.
+  patches/llama.cpp/0005 makes the x86 Q4_K gemm keep integer sums over the super block and
+  multiply-add once, as the gemv does: each row is bitwise the gemv's (test_ggml_kernels.py on
+  random blocks, test_llamacpp_exact.py on whole models). Repacked weights are on only where
+  the build carries that patch (it exports a marker symbol); elsewhere the weights are kept
+  as in the file. On Qwen2.5-Coder-1.5B Q4_K_M at two threads on an AVX-512 CPU they cut the
+  plain step from 32-34 to 24-27 ms (llama.cpp's own: 27 ms) and a forward of 16 from
+  240 to 164 ms (benchmarks/exactness_cost.py exact / exact-no-repack);
 - the tiled K-quant matmul (batches of 8+ rows): GGML_CPU_TILED_MM=0.
 
-The price: long-prompt prefill of K-quant and Q4_0 models is slower (no tiled/repacked
-kernels), and single-step attention is split over heads, not over keys.
+The price: long-prompt prefill is slower than llama.cpp's (no tiled matmul), and single-step
+attention is split over heads, not over keys.
 
 patches/llama.cpp/0002 makes that attention as cheap as llama.cpp's own at a decode step: V
 is widened from bf16 in registers inside the multiply-add (ggml converts it row by row with a
@@ -154,7 +162,23 @@ EXACT_CONTEXT_PARAMS: dict[str, int] = {  # fields of llama_context_params
     "type_k": lib.GGML_TYPE_F16,
     "type_v": GGML_TYPE_BF16,  # K and V of different types: no split-KV, no tiled attention
 }
-EXACT_MODEL_PARAMS: dict[str, int] = {"use_extra_bufts": False}  # no repacked weights
+
+
+def _repack_is_exact() -> bool:
+    """Whether the installed llama.cpp's repacked-weight gemm gives bitwise its gemv's rows:
+    true of a build with patches/llama.cpp/0005, which marks itself with a symbol. Stock
+    builds sum a batch of 4+ rows in another order than one row, so they keep the weights as
+    in the file."""
+    libdir = Path(lib.__file__).parent / "lib"
+    for path in sorted(libdir.glob("libggml-cpu*")):
+        with contextlib.suppress(OSError):
+            if hasattr(ctypes.CDLL(str(path)), "ggml_cpu_draftless_repack_exact"):
+                return True
+    return False
+
+
+# Repacked weights (CPU_REPACK) where the build makes their batch rows exact; else none.
+EXACT_MODEL_PARAMS: dict[str, int] = {"use_extra_bufts": _repack_is_exact()}
 # forward() and prefill() check at most this many ids given as a list without numpy
 _SHORT = 64
 # ggml's tiled K-quant matmul (batches of 8 rows and more) sums in another order than the
