@@ -104,3 +104,21 @@ def test_a_table_summary_shows_its_powers_of_two_and_how_many_widths() -> None:
     assert table.summary() == "C(1)=1.00 C(2)=1.50 C(4)=2.20 (5 widths)"
     assert CostTable((3, 5), (2.0, 3.0)).summary() == "C(3)=2.00 C(5)=3.00"
     assert DEFAULT_COST_TABLES["hf"].summary().endswith("C(32)=3.70")
+
+
+def test_a_table_is_kept_per_thread_count_and_per_build(cache) -> None:
+    """A table measured at two threads, or on another llama.cpp build, prices nothing else:
+    those change C(k) (a patched kernel halved some verifies), so they fall back to the
+    default until probed."""
+    model = TimedModel(vocab=3000)
+    model.threads = 2
+    model.kernels = "build A"
+    result = measure(model, ks=(1, 2, 4), context=8, reps=1, clock=model.clock)
+    store(model, result)
+    assert table_for(model) == (result.table, "probe")
+    model.threads = 1
+    assert table_for(model)[1] == "default"
+    model.threads, model.kernels = 2, "build B"
+    assert table_for(model)[1] == "default"
+    model.kernels = "build A"
+    assert table_for(model) == (result.table, "probe")

@@ -2,9 +2,10 @@
 
 C(k) is what a forward of k new tokens costs in plain-step equivalents (C(1) = 1): the wall
 time of one forward of k divided by that of one token, at the same context length, best of
-several repetitions. `draftless probe` measures it (`measure`) and stores it per model file
-and backend (`store`); `table_for(model)` returns the stored table if there is one, else the
-backend's shipped default, and is what the decoder uses unless it is given a table.
+several repetitions. `draftless probe` measures it (`measure`) and stores it per model file,
+backend, thread count and backend build (`store`, `model_key`); `table_for(model)` returns the
+stored table if there is one, else the backend's shipped default, and is what the decoder uses
+unless it is given a table.
 """
 
 from __future__ import annotations
@@ -120,12 +121,15 @@ def default_table(backend: str) -> CostTable:
 
 
 def model_key(model: Model) -> str:
-    """Identifies (backend, model file) for the cost-table cache."""
+    """Identifies what a table was measured on, for the cost-table cache: the backend, the
+    model file, the threads, and the backend's kernels where it names them (a `kernels`
+    string: a new llama.cpp build changes what a verify costs, so its old table is not used)."""
     path = model.path
     ident = model.name
     if path is not None and os.path.exists(path):
         st = os.stat(path)
         ident = f"{os.path.abspath(path)}:{st.st_size}:{int(st.st_mtime)}"
+    ident += f":threads={model.threads}:{getattr(model, 'kernels', '')}"
     digest = hashlib.sha256(ident.encode()).hexdigest()[:16]
     base = Path(str(path or model.name)).name.replace(os.sep, "_")
     return f"{model.backend}-{base}-{digest}"

@@ -83,6 +83,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -177,8 +178,17 @@ def _repack_is_exact() -> bool:
     return False
 
 
+def _build() -> str:
+    """The installed llama.cpp build, as far as it sets verify costs: the llama-cpp-python
+    version and the size of its CPU library (our patches and the CPU flags change it)."""
+    libdir = Path(lib.__file__).parent / "lib"
+    sizes = ",".join(str(p.stat().st_size) for p in sorted(libdir.glob("libggml-cpu*.so")))
+    return f"llama-cpp-python {version('llama_cpp_python')} ggml-cpu {sizes}"
+
+
 # Repacked weights (CPU_REPACK) where the build makes their batch rows exact; else none.
 EXACT_MODEL_PARAMS: dict[str, int] = {"use_extra_bufts": _repack_is_exact()}
+_BUILD = _build()
 # forward() and prefill() check at most this many ids given as a list without numpy
 _SHORT = 64
 # ggml's tiled K-quant matmul (batches of 8 rows and more) sums in another order than the
@@ -590,6 +600,10 @@ class LlamaCppModel:
             _note(f"{name}: {threads} threads asked for, {cores} usable cores: using {cores}")
             threads = cores
         self._threads = threads
+        # what sets this model's verify costs (the cost-table cache keys by it): the build, and
+        # the weights' layout as loaded (EXACT_MODEL_PARAMS at load time)
+        repack = int(EXACT_MODEL_PARAMS.get("use_extra_bufts", True))
+        self.kernels: str = f"{_BUILD} repack {repack}"
         params = lib.llama_context_default_params()
         for field, value in EXACT_CONTEXT_PARAMS.items():
             setattr(params, field, value)
