@@ -339,6 +339,7 @@ class SpeculativeDecoder:
         or when every draft token has been committed. The gate learns what a verify at that
         position would have accepted (decoding is lossless, so this is exact)."""
         waiting = []
+        turned_on = 0
         for shadow in self._shadows:
             draft, at = shadow.draft.tokens, shadow.at
             made = self.history[at : at + len(draft)]
@@ -347,12 +348,15 @@ class SpeculativeDecoder:
             if accepted == len(made) and len(made) < len(draft):
                 waiting.append(shadow)  # agrees so far; the next tokens decide
                 continue
+            before = shadow.gate.turned_on
             shadow.gate.record_shadow(len(draft) + 1, len(draft), accepted, accepted + 1)
+            turned_on += shadow.gate.turned_on - before
             self.stats.shadow_checks += 1
             self.stats.member(shadow.draft.member).shadow_checks += 1
             self.stats.evidence_of(shadow.name).shadow_checks += 1
         self._shadows = waiting
-        self._sync_gate_stats()
+        if turned_on:  # a check only ever turns a gate on; the stats copy the gates' counts
+            self._sync_gate_stats()
 
     def _accept(self, rows: np.ndarray, draft: list[int], stop_ids: frozenset[int]) -> list[int]:
         """Sample row by row; keep going while the sample equals the draft."""

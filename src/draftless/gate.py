@@ -145,6 +145,8 @@ class CostGate:
         self._scale = 1.0  # live multiplier on the table
         self._costs: list[float] = []  # _draft_costs() at _costs_scale
         self._costs_scale = self._scale
+        self._best_key: tuple[float, int, int, float] | None = None  # best_draft's last call
+        self._best: tuple[int, float] = (0, 0.0)
         self._max_draft = 64  # the longest draft it budgets for (start() sets it)
         self._min_draft = 2  # the shortest draft the decoder verifies (start() sets it)
         self._plain_seconds: float | None = None  # EWMA of a plain step's wall time
@@ -206,14 +208,18 @@ class CostGate:
         1-token draft at recycling's prior pays 1.17x and the 2-token one it gets 1.04x."""
         top = max(1, max_draft)
         low = min(self._min_draft, top)
-        best_d, best_rate, expected, term = top, -1.0, 1.0, 1.0
         costs = self._draft_costs(top)
+        key = (p, top, low, self._costs_scale)
+        if key == self._best_key:  # asked every step; the evidence moves far less often
+            return self._best
+        best_d, best_rate, expected, term = top, -1.0, 1.0, 1.0
         for d in range(1, top + 1):
             term *= p
             expected += term
             rate = expected / costs[d]
             if d >= low and rate > best_rate + 1e-12:
                 best_d, best_rate = d, rate
+        self._best_key, self._best = key, (best_d, best_rate)
         return best_d, best_rate
 
     def start(self, max_draft: int, min_draft: int = 2) -> None:
