@@ -38,7 +38,11 @@ def cmd_probe(args: argparse.Namespace) -> int:
             print(f"{k}\t{c:.2f}\t{min(1.0, c / k):.0%}" if k > 1 else f"{k}\t{c:.2f}\t-")
         if not args.no_store:
             path = store(model, result)
-            print(f"stored in {path}; the decoder uses it by default for this model and backend")
+            threads = f" at {model.threads} thread(s)" if model.threads else ""
+            print(
+                f"stored in {path}; the decoder uses it by default for this model and "
+                f"backend{threads}, until the backend's build changes"
+            )
     finally:
         model.close()
     return 0

@@ -374,6 +374,8 @@ class HFModel:
         self.device: str = str(param.device)
         self.dtype: str = str(param.dtype).removeprefix("torch.")
         self._device = param.device
+        # what sets this model's verify costs (the cost-table cache keys by it)
+        self.kernels: str = f"torch {torch.__version__} {self.device} {self.dtype}"
         self.vocab_size: int = self._logits_width()
         embeddings = model.get_input_embeddings()
         n_embed = getattr(embeddings, "num_embeddings", self.vocab_size)
