@@ -136,6 +136,9 @@ def test_set_up_installed_the_patched_wheel() -> None:
             f"libggml-cpu has no {name}: the wheel was built without patches/llama.cpp "
             "(re-run make setup)"
         )
+    from draftless.models import llamacpp
+
+    assert llamacpp._repack_is_exact()  # so the backend loads repacked weights (patch 0005)
 
 
 @needs_kernels
