@@ -798,3 +798,48 @@ def test_the_resync_gap_counts_tokens_from_a_rejection_to_the_next_accepted_draf
     # 0); the 5th by three garbage verifies committing one token each (gap 3). The very
     # first rejection is the first garbage verify, with two more before the 4th (gap 2).
     assert gaps[2] == 1 and set(gaps) == {0, 2, 3} and gaps[0] >= 5 and gaps[3] >= 5
+
+
+class ShortThenMidSource(ScriptedSource):
+    """Wrong drafts, behind short (2-token) matches for the first `switch` tokens of the
+    stream and behind 6-token matches after: free-form text, where near-repeats of any
+    length rarely go on."""
+
+    def __init__(self, reference: list[int], switch: int) -> None:
+        super().__init__(lambda s, n: [])
+        self.reference, self.switch = reference, switch
+
+    def propose(self, budget: int) -> Draft | None:
+        at = len(self.stream)
+        wrong = [(t + 1) % VOCAB for t in self.reference[at : at + budget]]
+        return Draft(wrong, "conversation", match_len=2 if at < self.switch else 6) or None
+
+
+FLAT = CostTable((1, 2, 4, 8, 16, 32), (1.0, 1.2, 1.5, 2.2, 3.5, 6.0))
+
+
+def _mid_bucket_after_short_failures(model: InductionModel) -> tuple[list[int], object]:
+    expected = plain(model, GREEDY, 200)
+    source = ShortThenMidSource(PROMPT + expected, switch=len(PROMPT) + 100)
+    got = generate(model, PROMPT, 200, source=source, cost_table=FLAT)
+    assert got.token_ids == expected
+    return expected, got.stats.evidence["conversation/5-8"]
+
+
+def test_a_new_bucket_starts_from_its_members_record_in_the_stream() -> None:
+    """A hundred tokens of failed short-match drafts (shadow-checked) lower the prior of the
+    member's 5-8 bucket when it first drafts, so that gate starts off and never loses a
+    verify; on its fixed prior (0.8, on a flat table) it would start on and verify."""
+    model = InductionModel(VOCAB, seed=47)
+    _, mid = _mid_bucket_after_short_failures(model)
+    assert mid.verifies == 0 and mid.shadow_checks > 10
+
+
+def test_without_the_pooled_prior_the_new_bucket_verifies(monkeypatch) -> None:
+    """The test above can fail: with each bucket on its fixed prior, the same stream spends
+    verifies in the 5-8 bucket."""
+    import draftless.decoder
+
+    monkeypatch.setattr(draftless.decoder, "pooled_prior", lambda prior, a, r: prior)
+    _, mid = _mid_bucket_after_short_failures(InductionModel(VOCAB, seed=47))
+    assert mid.verifies >= 1 and mid.accepted == 0

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from draftless.costs import DEFAULT_COST_TABLES, CostTable, CostTableError
 from draftless.errors import UserError
@@ -12,6 +14,7 @@ from draftless.gate import (
     GateOptionsError,
     GateState,
     evidence_bucket,
+    pooled_prior,
     prior_acceptance,
 )
 
@@ -343,3 +346,27 @@ def test_priors_grow_with_the_match_and_a_long_match_starts_on_where_a_short_one
     assert long_match.budget(64) > short_match.budget(64) >= 2
     with pytest.raises(GateOptionsError, match="prior"):
         CostGate(steep, prior=1.0)
+
+
+@given(
+    prior=st.floats(0.05, 0.95),
+    accepted=st.integers(0, 500),
+    rejections=st.integers(0, 500),
+)
+def test_a_pooled_prior_only_lowers_and_follows_the_evidence(prior, accepted, rejections) -> None:
+    p = pooled_prior(prior, accepted, rejections)
+    assert 0 < p <= prior
+    assert pooled_prior(prior, 0, 0) == prior  # no evidence: the bucket's own prior
+    assert pooled_prior(prior, accepted, rejections + 1) <= p  # one more failure: not higher
+    if rejections > 0:
+        assert pooled_prior(prior, accepted + 50, rejections) >= p  # successes: not lower
+
+
+def test_a_pooled_prior_falls_with_failures_and_turns_a_gate_off_at_start() -> None:
+    flat = CostTable((1, 2, 4, 8, 16, 32), (1.0, 1.2, 1.5, 2.2, 3.5, 6.0))
+    on = CostGate(flat, prior=prior_acceptance("5-8"))
+    on.start(16)
+    low = pooled_prior(prior_acceptance("5-8"), accepted=2, rejections=30)
+    off = CostGate(flat, prior=low)
+    off.start(16)
+    assert on.allows() and not off.allows() and low < 0.3

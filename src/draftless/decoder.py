@@ -38,7 +38,13 @@ import numpy as np
 from draftless._jit import HAVE_NUMBA, njit
 from draftless.costs import CostTable, table_for
 from draftless.errors import UserError
-from draftless.gate import CostGate, GateOptions, evidence_bucket, prior_acceptance
+from draftless.gate import (
+    CostGate,
+    GateOptions,
+    evidence_bucket,
+    pooled_prior,
+    prior_acceptance,
+)
 from draftless.metrics import DecodeStats
 from draftless.models.base import ContextFull, Model
 from draftless.sampling import SamplingOptions, best_first, make_rng, sample
@@ -153,6 +159,9 @@ class SpeculativeDecoder:
         self.stats = DecodeStats()
         # Drafts made while their gate was off, waiting for the stream to settle them.
         self._shadows: list[_Shadow] = []
+        # Per member, over its settled drafts (verified or shadow-checked): [accepted draft
+        # tokens, drafts that met a rejection]. A new bucket's gate starts from it.
+        self._pool: dict[str, list[int]] = {}
         self._since_reject: int | None = None  # tokens since the last rejection, if resyncing
         self._claim = _claim_of(model)
         with self._claim.lock:  # a new decoder starts from an empty cache, its own
@@ -292,7 +301,8 @@ class SpeculativeDecoder:
         name = draft.member if bucket is None else f"{draft.member}/{bucket}"
         gate = self.gates.get(name)
         if gate is None:
-            prior = prior_acceptance(bucket)
+            accepted, rejections = self._pool.get(draft.member, (0, 0))
+            prior = pooled_prior(prior_acceptance(bucket), accepted, rejections)
             gate = self.gates[name] = CostGate(self.cost_table, self.options.gate_options, prior)
             gate.start(self.options.max_draft, self.options.min_draft)
         return name, gate
@@ -350,6 +360,7 @@ class SpeculativeDecoder:
                 continue
             before = shadow.gate.turned_on
             shadow.gate.record_shadow(len(draft) + 1, len(draft), accepted, accepted + 1)
+            self._pool_add(shadow.draft.member, len(draft), accepted)
             turned_on += shadow.gate.turned_on - before
             self.stats.shadow_checks += 1
             self.stats.member(shadow.draft.member).shadow_checks += 1
@@ -400,6 +411,7 @@ class SpeculativeDecoder:
             s.bonus += 1
         s.draft_lengths[len(tokens)] = s.draft_lengths.get(len(tokens), 0) + 1
         name = self._gate_for(draft)[0]
+        self._pool_add(draft.member, len(tokens), accepted)
         for counts in (s.member(draft.member), s.evidence_of(name)):
             counts.verifies += 1
             counts.drafted += len(tokens)
@@ -407,6 +419,11 @@ class SpeculativeDecoder:
         if self.options.gate and gate is not None:
             gate.record_verify(len(tokens) + 1, len(tokens), accepted, n, seconds)
             self._sync_gate_stats()
+
+    def _pool_add(self, member: str, drafted: int, accepted: int) -> None:
+        pool = self._pool.setdefault(member, [0, 0])
+        pool[0] += accepted
+        pool[1] += accepted < drafted
 
     def _track_resync(self, draft: Draft | None, committed: list[int]) -> None:
         """The re-synchronisation gap: tokens committed after a verify that hit a rejection

@@ -103,6 +103,27 @@ def prior_acceptance(bucket: str | None) -> float:
     return PRIOR_TOKEN_ACCEPTANCE if bucket is None else BUCKET_PRIORS[bucket]
 
 
+# What a bucket's prior counts for, in draft tokens, against its member's pooled evidence.
+POOL_WEIGHT = 8.0
+
+
+def pooled_prior(prior: float, accepted: int, rejections: int) -> float:
+    """A new bucket's prior, lowered by what its member's drafts in the other buckets did in
+    this stream: `accepted` draft tokens and `rejections` drafts that met a rejection, over
+    every draft of the member settled so far (verified, or shadow-checked while off).
+
+    A bucket's gate otherwise starts on its fixed prior (0.8 for a 5-8 token match), and on
+    free-form text, where a near-repeat rarely goes on, its first verify is a 7-token draft
+    that loses C(8) - 1 plain steps, 2% of a 190-token answer on the 1.5B. The member's own
+    record in the stream is evidence about that: when its shadow checks at short matches keep
+    failing, the longer-match bucket starts lower, and off when its drafts would not pay on
+    the lower prior. The pool only ever lowers the prior: a member that does well in its
+    other buckets says nothing more about this one than the bucket's prior does (raising it
+    made longer first drafts, which lost on copies and references in the replay)."""
+    pooled = (accepted + prior * POOL_WEIGHT) / (accepted + rejections + POOL_WEIGHT)
+    return min(prior, pooled)
+
+
 class GateState(Enum):
     ON = "on"
     OFF = "off"
