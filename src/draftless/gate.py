@@ -17,7 +17,8 @@ draft, bucketed 1, 2, 3-4, 5-8, 9-16, 17+ (none for drafts that are not a match,
 recycling's). A copy at 99% acceptance and a paraphrase at 40% then no longer feed one
 acceptance estimate: a member can be on for long matches and off for short ones, and each
 bucket sizes its own drafts. Before any evidence a bucket assumes a per-token acceptance that
-grows with the match (`prior_acceptance`), worth PRIOR_WEIGHT draft tokens.
+grows with the match (`prior_acceptance`), worth PRIOR_WEIGHT draft tokens, lowered by what
+the member's drafts in its other buckets did in this stream (`pooled_prior`).
 
 Coming back on: while the gate is off, the decoder still takes a draft and, instead of
 verifying it, checks it against the tokens plain decoding commits next (a *shadow check*).
