@@ -14,9 +14,11 @@ defaults; `exact` is what models/llamacpp.py uses):
 
     today       flash attention AUTO (= on on CPU), K and V cache f16, weight repacking on
     fa-off      flash attention off
-    k16-vbf16   flash attention on, K cache f16, V cache bf16, no weight repacking: the one
-                models/llamacpp.py uses (with GGML_CPU_TILED_MM=0, which it sets at import;
-                run with GGML_CPU_TILED_MM=1 in the environment to see the tiled matmul's part)
+    k16-vbf16   flash attention on, K cache f16, V cache bf16, no weight repacking: what
+                models/llamacpp.py uses on a build without patch 0005 (with
+                GGML_CPU_TILED_MM=0, which it sets at import; run with GGML_CPU_TILED_MM=1 in
+                the environment to see the tiled matmul's part)
+    k16-vbf16-repack  the same with repacked weights: what it uses on a build with 0005
     ...         see CONFIGS below (an f32 K or V is cast to f16 for flash attention by
                 llama.cpp, so kf32-v16 and k16-vf32 run the `today` kernels)
 """
