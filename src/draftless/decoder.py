@@ -39,6 +39,7 @@ from draftless._jit import HAVE_NUMBA, njit
 from draftless.costs import CostTable, table_for
 from draftless.errors import UserError
 from draftless.gate import (
+    POOL_MIN_LOSS,
     CostGate,
     GateOptions,
     evidence_bucket,
@@ -301,10 +302,13 @@ class SpeculativeDecoder:
         name = draft.member if bucket is None else f"{draft.member}/{bucket}"
         gate = self.gates.get(name)
         if gate is None:
-            accepted, rejections = self._pool.get(draft.member, (0, 0))
-            prior = pooled_prior(prior_acceptance(bucket), accepted, rejections)
-            gate = self.gates[name] = CostGate(self.cost_table, self.options.gate_options, prior)
-            gate.start(self.options.max_draft, self.options.min_draft)
+            prior = prior_acceptance(bucket)
+            opts = self.options
+            if self._dear_first_verify(prior):
+                accepted, rejections = self._pool.get(draft.member, (0, 0))
+                prior = pooled_prior(prior, accepted, rejections)
+            gate = self.gates[name] = CostGate(self.cost_table, opts.gate_options, prior)
+            gate.start(opts.max_draft, opts.min_draft)
         return name, gate
 
     def _draft(
@@ -419,6 +423,14 @@ class SpeculativeDecoder:
         if self.options.gate and gate is not None:
             gate.record_verify(len(tokens) + 1, len(tokens), accepted, n, seconds)
             self._sync_gate_stats()
+
+    def _dear_first_verify(self, prior: float) -> bool:
+        """Whether a bucket's first verify on its fixed prior would lose POOL_MIN_LOSS plain
+        steps or more if nothing were accepted: then its member's record sets its prior."""
+        probe = CostGate(self.cost_table, self.options.gate_options, prior)
+        probe._min_draft = self.options.min_draft
+        d, _ = probe.best_draft(prior, self.options.max_draft)
+        return probe.verify_cost(d + 1) - 1 >= POOL_MIN_LOSS
 
     def _pool_add(self, member: str, drafted: int, accepted: int) -> None:
         pool = self._pool.setdefault(member, [0, 0])

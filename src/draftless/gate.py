@@ -106,6 +106,10 @@ def prior_acceptance(bucket: str | None) -> float:
 
 # What a bucket's prior counts for, in draft tokens, against its member's pooled evidence.
 POOL_WEIGHT = 8.0
+# The pool sets a new bucket's prior only where its first verify, lost, costs this many plain
+# steps or more (llama.cpp on CPU: 3-6); on a flat table (transformers: 1-1.5) exploring with
+# a real verify is cheap, and the pool's lower prior cost copies more than it saved.
+POOL_MIN_LOSS = 2.0
 
 
 def pooled_prior(prior: float, accepted: int, rejections: int) -> float:
@@ -120,7 +124,9 @@ def pooled_prior(prior: float, accepted: int, rejections: int) -> float:
     failing, the longer-match bucket starts lower, and off when its drafts would not pay on
     the lower prior. The pool only ever lowers the prior: a member that does well in its
     other buckets says nothing more about this one than the bucket's prior does (raising it
-    made longer first drafts, which lost on copies and references in the replay)."""
+    made longer first drafts, which lost on copies and references in the replay). The decoder
+    applies it where a bucket's first verify, lost, would cost POOL_MIN_LOSS plain steps or
+    more."""
     pooled = (accepted + prior * POOL_WEIGHT) / (accepted + rejections + POOL_WEIGHT)
     return min(prior, pooled)
 
