@@ -842,9 +842,9 @@ def test_a_new_bucket_starts_from_its_members_record_in_the_stream() -> None:
 def test_without_the_pooled_prior_the_new_bucket_verifies(monkeypatch) -> None:
     """The test above can fail: with each bucket on its fixed prior, the same stream spends
     verifies in the 5-8 bucket."""
-    import draftless.decoder
+    import draftless.gate
 
-    monkeypatch.setattr(draftless.decoder, "pooled_prior", lambda prior, a, r: prior)
+    monkeypatch.setattr(draftless.gate, "pooled_prior", lambda prior, a, r: prior)
     mid = _mid_bucket_after_short_failures(DEAR)
     assert mid.verifies >= 1 and mid.accepted == 0
 

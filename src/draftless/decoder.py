@@ -38,14 +38,7 @@ import numpy as np
 from draftless._jit import HAVE_NUMBA, njit
 from draftless.costs import CostTable, table_for
 from draftless.errors import UserError
-from draftless.gate import (
-    POOL_MIN_LOSS,
-    CostGate,
-    GateOptions,
-    evidence_bucket,
-    pooled_prior,
-    prior_acceptance,
-)
+from draftless.gate import CostGate, GateOptions, evidence_bucket, prior_acceptance
 from draftless.metrics import DecodeStats
 from draftless.models.base import ContextFull, Model
 from draftless.sampling import SamplingOptions, best_first, make_rng, sample
@@ -302,13 +295,11 @@ class SpeculativeDecoder:
         name = draft.member if bucket is None else f"{draft.member}/{bucket}"
         gate = self.gates.get(name)
         if gate is None:
-            prior = prior_acceptance(bucket)
             opts = self.options
-            if self._dear_first_verify(prior):
-                accepted, rejections = self._pool.get(draft.member, (0, 0))
-                prior = pooled_prior(prior, accepted, rejections)
+            prior = prior_acceptance(bucket)
             gate = self.gates[name] = CostGate(self.cost_table, opts.gate_options, prior)
-            gate.start(opts.max_draft, opts.min_draft)
+            pool = self._pool.get(draft.member, [0, 0])
+            gate.start(opts.max_draft, opts.min_draft, pool=(pool[0], pool[1]))
         return name, gate
 
     def _draft(
@@ -423,14 +414,6 @@ class SpeculativeDecoder:
         if self.options.gate and gate is not None:
             gate.record_verify(len(tokens) + 1, len(tokens), accepted, n, seconds)
             self._sync_gate_stats()
-
-    def _dear_first_verify(self, prior: float) -> bool:
-        """Whether a bucket's first verify on its fixed prior would lose POOL_MIN_LOSS plain
-        steps or more if nothing were accepted: then its member's record sets its prior."""
-        probe = CostGate(self.cost_table, self.options.gate_options, prior)
-        probe._min_draft = self.options.min_draft
-        d, _ = probe.best_draft(prior, self.options.max_draft)
-        return probe.verify_cost(d + 1) - 1 >= POOL_MIN_LOSS
 
     def _pool_add(self, member: str, drafted: int, accepted: int) -> None:
         pool = self._pool.setdefault(member, [0, 0])

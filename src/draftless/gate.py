@@ -124,9 +124,9 @@ def pooled_prior(prior: float, accepted: int, rejections: int) -> float:
     failing, the longer-match bucket starts lower, and off when its drafts would not pay on
     the lower prior. The pool only ever lowers the prior: a member that does well in its
     other buckets says nothing more about this one than the bucket's prior does (raising it
-    made longer first drafts, which lost on copies and references in the replay). The decoder
-    applies it where a bucket's first verify, lost, would cost POOL_MIN_LOSS plain steps or
-    more."""
+    was tried in a scratch change: longer first drafts, which lost on copies and references
+    in the replay). `CostGate.start` applies it where a bucket's first verify, lost, would
+    cost POOL_MIN_LOSS plain steps or more."""
     pooled = (accepted + prior * POOL_WEIGHT) / (accepted + rejections + POOL_WEIGHT)
     return min(prior, pooled)
 
@@ -250,7 +250,9 @@ class CostGate:
         self._best_key, self._best = key, (best_d, best_rate)
         return best_d, best_rate
 
-    def start(self, max_draft: int, min_draft: int = 2) -> None:
+    def start(
+        self, max_draft: int, min_draft: int = 2, pool: tuple[int, int] | None = None
+    ) -> None:
         """Choose the first state, before any evidence. A gate whose drafts would not clear
         the turn-on bar even at the prior acceptance (a steep table: llama.cpp on an AVX2
         CPU, ~1.07x at best) starts OFF, and its source earns its first verify with shadow
@@ -258,8 +260,16 @@ class CostGate:
         A gate started ON holds nothing but the prior, a guess: its first verify that commits
         less than it cost turns it OFF at once, to earn the next one with free shadow checks,
         where evidence would take `min_window_verifies` losing verifies. The drafts judged are
-        the ones the decoder verifies, `min_draft` tokens or more."""
+        the ones the decoder verifies, `min_draft` tokens or more.
+
+        `pool`, (accepted draft tokens, drafts that met a rejection) of the same member's other
+        buckets in this stream, lowers the prior (`pooled_prior`) where this bucket's first
+        draft, lost, would cost POOL_MIN_LOSS plain steps or more."""
         self._max_draft, self._min_draft = max_draft, max(1, min_draft)
+        if pool is not None:
+            d, _ = self.best_draft(self.prior, max_draft)
+            if self.verify_cost(d + 1) - 1 >= POOL_MIN_LOSS:
+                self.prior = pooled_prior(self.prior, *pool)
         bar = self.options.min_speedup + self.options.probe_margin
         if self.best_draft(self.prior, max_draft)[1] < bar:
             self.state = GateState.OFF

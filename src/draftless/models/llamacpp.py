@@ -165,13 +165,17 @@ EXACT_CONTEXT_PARAMS: dict[str, int] = {  # fields of llama_context_params
 }
 
 
+def _cpu_libraries() -> list[Path]:
+    """The installed llama.cpp's CPU backend libraries (libggml-cpu*.so)."""
+    return sorted((Path(lib.__file__).parent / "lib").glob("libggml-cpu*.so"))
+
+
 def _repack_is_exact() -> bool:
     """Whether the installed llama.cpp's repacked-weight gemm gives bitwise its gemv's rows:
     true of a build with patches/llama.cpp/0005, which marks itself with a symbol. Stock
     builds sum a batch of 4+ rows in another order than one row, so they keep the weights as
     in the file."""
-    libdir = Path(lib.__file__).parent / "lib"
-    for path in sorted(libdir.glob("libggml-cpu*")):
+    for path in _cpu_libraries():
         with contextlib.suppress(OSError):
             if hasattr(ctypes.CDLL(str(path)), "ggml_cpu_draftless_repack_exact"):
                 return True
@@ -181,8 +185,7 @@ def _repack_is_exact() -> bool:
 def _build() -> str:
     """The installed llama.cpp build, as far as it sets verify costs: the llama-cpp-python
     version and the size of its CPU library (our patches and the CPU flags change it)."""
-    libdir = Path(lib.__file__).parent / "lib"
-    sizes = ",".join(str(p.stat().st_size) for p in sorted(libdir.glob("libggml-cpu*.so")))
+    sizes = ",".join(str(p.stat().st_size) for p in _cpu_libraries())
     return f"llama-cpp-python {version('llama_cpp_python')} ggml-cpu {sizes}"
 
 
