@@ -14,9 +14,10 @@ A draft shorter than `min_draft`, or one whose cost gate is off, is a plain step
 of the carried token alone. There is one gate per member of the source and evidence bucket
 (the length of the match behind the draft; gate.py), named "conversation/9-16"; it sets the
 draft's length. While a gate is off its drafts are still taken and checked against what plain
-decoding commits (shadow checks), at no cost to the stream. Plain decoding is this loop with
-no source. Drafts never pass the room left in the context, and a run ends where the context ends
-(stop reason "context"), exactly where plain decoding ends.
+decoding commits (shadow checks), at no cost to the stream; a steep gate's (a lost verify
+costs it 2+ plain steps) one at a time, each starting where the last settled. Plain decoding
+is this loop with no source. Drafts never pass the room left in the context, and a run ends
+where the context ends (stop reason "context"), exactly where plain decoding ends.
 
 Who uses a model's cache: the decoder that last stepped on it. A decoder made on a model
 starts from an empty cache; every operation on the cache runs under the model's lock
@@ -154,7 +155,7 @@ class SpeculativeDecoder:
         # Drafts made while their gate was off, waiting for the stream to settle them.
         self._shadows: list[_Shadow] = []
         # Per member, over its settled drafts (verified or shadow-checked): [accepted draft
-        # tokens, drafts that met a rejection]. A new bucket's gate starts from it.
+        # tokens, drafts that met a rejection]. A steep gate's prior follows it.
         self._pool: dict[str, list[int]] = {}
         self._since_reject: int | None = None  # tokens since the last rejection, if resyncing
         self._claim = _claim_of(model)
@@ -298,8 +299,9 @@ class SpeculativeDecoder:
             opts = self.options
             prior = prior_acceptance(bucket)
             gate = self.gates[name] = CostGate(self.cost_table, opts.gate_options, prior)
-            pool = self._pool.get(draft.member, [0, 0])
-            gate.start(opts.max_draft, opts.min_draft, pool=(pool[0], pool[1]))
+            gate.start(
+                opts.max_draft, opts.min_draft, pool=self._pool.setdefault(draft.member, [0, 0])
+            )
         return name, gate
 
     def _draft(
@@ -321,7 +323,8 @@ class SpeculativeDecoder:
             return None, None
         draft = Draft(tokens, proposal.member, proposal.match_len)
         if opts.gate and not gate.allows():
-            if len(self._shadows) < MAX_SHADOWS:
+            waiting = gate.steep and any(x.gate is gate for x in self._shadows)
+            if len(self._shadows) < MAX_SHADOWS and not waiting:  # gate.steep: one at a time
                 self._shadows.append(_Shadow(name, gate, draft, len(self.history)))
             return None, gate
         if opts.gate and self.clock is not None and gate.wants_plain_timing():

@@ -106,10 +106,16 @@ def prior_acceptance(bucket: str | None) -> float:
 
 # What a bucket's prior counts for, in draft tokens, against its member's pooled evidence.
 POOL_WEIGHT = 8.0
-# The pool sets a new bucket's prior only where its first verify, lost, costs this many plain
-# steps or more (llama.cpp on CPU: 3-6); on a flat table (transformers: 1-1.5) exploring with
-# a real verify is cheap, and the pool's lower prior cost copies more than it saved.
-POOL_MIN_LOSS = 2.0
+# A table is steep where an 8-token draft, all lost, costs this many plain steps or more
+# (C(9) - 1; llama.cpp on CPU: 3.2-6.2); on a flat one (transformers: ~1) exploring with a real
+# verify is cheap. Only a steep table's gates take their prior from the member's pool (on a
+# flat table the pool's lower prior cost copies more than it saved, in the replay) and their
+# shadow checks one at a time.
+STEEP_DRAFT, STEEP_LOSS = 8, 2.0
+# Passing shadow checks that turn a steep gate on. Its checks do not overlap (see
+# `CostGate.steep`), so each is a verify the gate would have made, independent evidence; four
+# such at a 16-token draft would take 64 tokens of a copy to gather.
+STEEP_PROBE_STEPS = 2
 
 
 def pooled_prior(prior: float, accepted: int, rejections: int) -> float:
@@ -125,8 +131,8 @@ def pooled_prior(prior: float, accepted: int, rejections: int) -> float:
     the lower prior. The pool only ever lowers the prior: a member that does well in its
     other buckets says nothing more about this one than the bucket's prior does (raising it
     was tried in a scratch change: longer first drafts, which lost on copies and references
-    in the replay). `CostGate.start` applies it where a bucket's first verify, lost, would
-    cost POOL_MIN_LOSS plain steps or more."""
+    in the replay). A steep gate (`CostGate.start`) applies it, and follows the pool as it
+    grows: a bucket made early in a stream learns what its member did since."""
     pooled = (accepted + prior * POOL_WEIGHT) / (accepted + rejections + POOL_WEIGHT)
     return min(prior, pooled)
 
@@ -177,6 +183,14 @@ class CostGate:
         self._best: tuple[int, float] = (0, 0.0)
         self._max_draft = 64  # the longest draft it budgets for (start() sets it)
         self._min_draft = 2  # the shortest draft the decoder verifies (start() sets it)
+        # Steep: an 8-token draft lost costs STEEP_LOSS plain steps or more (start() decides).
+        # The decoder then takes this gate's shadow checks one at a time: a check starts only
+        # once the last has settled, where a verify that accepted what it did would have put
+        # the next draft. Checks at every step overlap: a 10-token phrase said twice passes
+        # four 7-token checks in a row and turns the gate on, and the next draft runs past
+        # the phrase (free-form on the 1.5B: a 7-token verify lost, 2% of the answer).
+        self.steep = False
+        self._pool: list[int] | None = None  # [accepted, rejections] of the member, live
         self._plain_seconds: float | None = None  # EWMA of a plain step's wall time
         self._timed_verifies = 0  # timed verifies since the last plain timing
         self.turned_off = 0
@@ -224,8 +238,13 @@ class CostGate:
         evidence = self._evidence()
         accepted = sum(v.accepted for v in evidence)
         rejections = sum(1 for v in evidence if v.accepted < v.drafted)
-        p = self.prior
+        p = self.current_prior()
         return (accepted + p * PRIOR_WEIGHT) / (accepted + rejections + PRIOR_WEIGHT)
+
+    def current_prior(self) -> float:
+        """The bucket's prior; on a steep gate, lowered by its member's record so far."""
+        pool = self._pool
+        return self.prior if pool is None else pooled_prior(self.prior, pool[0], pool[1])
 
     def best_draft(self, p: float, max_draft: int) -> tuple[int, float]:
         """(d, rate): the draft length d, between the shortest draft the decoder verifies and
@@ -250,9 +269,7 @@ class CostGate:
         self._best_key, self._best = key, (best_d, best_rate)
         return best_d, best_rate
 
-    def start(
-        self, max_draft: int, min_draft: int = 2, pool: tuple[int, int] | None = None
-    ) -> None:
+    def start(self, max_draft: int, min_draft: int = 2, pool: list[int] | None = None) -> None:
         """Choose the first state, before any evidence. A gate whose drafts would not clear
         the turn-on bar even at the prior acceptance (a steep table: llama.cpp on an AVX2
         CPU, ~1.07x at best) starts OFF, and its source earns its first verify with shadow
@@ -262,16 +279,18 @@ class CostGate:
         where evidence would take `min_window_verifies` losing verifies. The drafts judged are
         the ones the decoder verifies, `min_draft` tokens or more.
 
-        `pool`, (accepted draft tokens, drafts that met a rejection) of the same member's other
-        buckets in this stream, lowers the prior (`pooled_prior`) where this bucket's first
-        draft, lost, would cost POOL_MIN_LOSS plain steps or more."""
+        The gate is steep where a STEEP_DRAFT-token draft, lost, would cost STEEP_LOSS plain
+        steps or more. A steep gate keeps `pool`, the member's [accepted draft tokens, drafts
+        that met a rejection] over its settled drafts in this stream (the decoder's list,
+        which it keeps adding to), and its prior follows it (`pooled_prior`); its shadow
+        checks do not overlap, and STEEP_PROBE_STEPS of them turn it on."""
         self._max_draft, self._min_draft = max_draft, max(1, min_draft)
-        if pool is not None:
-            d, _ = self.best_draft(self.prior, max_draft)
-            if self.verify_cost(d + 1) - 1 >= POOL_MIN_LOSS:
-                self.prior = pooled_prior(self.prior, *pool)
+        self.steep = self.table.cost(STEEP_DRAFT + 1) - 1 >= STEEP_LOSS
+        if self.steep:
+            self._pool = pool
+            self._need = self._probe_steps()
         bar = self.options.min_speedup + self.options.probe_margin
-        if self.best_draft(self.prior, max_draft)[1] < bar:
+        if self.best_draft(self.current_prior(), max_draft)[1] < bar:
             self.state = GateState.OFF
         else:
             self._on_prior = True
@@ -320,7 +339,7 @@ class CostGate:
         if self._since_on >= 0:
             self._since_on += 1
             if self._since_on >= self.options.window:  # the turn-on held: back to the base
-                self._need, self._since_on = self.options.probe_steps, -1
+                self._need, self._since_on = self._probe_steps(), -1
         on_prior, self._on_prior = self._on_prior, False
         if on_prior and committed < self._window[-1].cost:
             self._turn_off()  # the prior's guess met its first evidence and lost
@@ -352,6 +371,11 @@ class CostGate:
             self._since_on = 0
 
     # -- internals -----------------------------------------------------------------------
+    def _probe_steps(self) -> int:
+        """Passing shadow checks that turn the gate on, before any turn-on failed."""
+        steps = self.options.probe_steps
+        return min(steps, STEEP_PROBE_STEPS) if self.steep else steps
+
     def _ready(self) -> bool:
         drafted = sum(v.drafted for v in self._window)
         return (
