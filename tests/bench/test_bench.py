@@ -176,6 +176,31 @@ def test_outputs_are_replaced_atomically(tmp_path: Path, monkeypatch: pytest.Mon
     assert os.listdir(tmp_path) == ["results.md"]  # no temporary file left behind
 
 
+def test_a_task_folder_of_ones_own_loads_beside_the_suite(tmp_path: Path) -> None:
+    mine = tmp_path / "my-prompts"
+    mine.mkdir()
+    (mine / "task.json").write_text(
+        json.dumps(
+            {
+                "title": "Mine",
+                "kind": "free",
+                "temperature": 0.0,
+                "prompts": [{"id": str(i), "text": f"Say {i}."} for i in range(3)],
+            }
+        )
+    )
+    tasks = load_tasks([str(mine), "free-form"])
+    assert [t.name for t in tasks] == ["free-form", "my-prompts"]
+    assert [p.text for p in tasks[1].prompts] == ["Say 0.", "Say 1.", "Say 2."]
+    with pytest.raises(TaskError, match=r"or a folder holding a task\.json"):
+        load_tasks([str(tmp_path / "nothing-here")])
+    clash = tmp_path / "x" / "free-form"
+    clash.mkdir(parents=True)
+    (clash / "task.json").write_text((mine / "task.json").read_text())
+    with pytest.raises(TaskError, match="two tasks are named 'free-form'"):
+        load_tasks(["free-form", str(clash)])
+
+
 # -- the command line ------------------------------------------------------------------------------
 def test_bad_task_name_is_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--tasks", "grounded-copy", "no-such-task"]) == 2

@@ -123,14 +123,25 @@ def load_task(name: str, root: Path = TASKS_DIR) -> Task:
 
 
 def load_tasks(names: Sequence[str] | None = None, root: Path = TASKS_DIR) -> list[Task]:
-    """The named tasks in suite order (all of them for None); an unknown name is a TaskError."""
+    """The named tasks in suite order (all of them for None), then any given as a folder
+    holding a task.json (a user's own prompts, in the suite's format), in the order given.
+    A name that is neither is a TaskError."""
     known = task_names(root)
     if names is None:
         return [load_task(n, root) for n in known]
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise TaskError(f"unknown task {unknown[0]!r}: use one of {', '.join(known)}")
-    return [load_task(n, root) for n in known if n in names]
+    folders = [Path(n) for n in names if n not in known]
+    for folder in folders:
+        if not (folder / "task.json").is_file():
+            raise TaskError(
+                f"unknown task {str(folder)!r}: use one of {', '.join(known)}, "
+                "or a folder holding a task.json"
+            )
+    tasks = [load_task(n, root) for n in known if n in names]
+    tasks += [load_task(f.resolve().name, f.resolve().parent) for f in folders]
+    taken = [t.name for t in tasks]
+    if len(set(taken)) != len(taken):
+        raise TaskError(f"two tasks are named {next(n for n in taken if taken.count(n) > 1)!r}")
+    return tasks
 
 
 # -- helpers ---------------------------------------------------------------------------------

@@ -81,7 +81,8 @@ def register(subparsers: Any) -> None:
         nargs="+",
         default=None,
         metavar="TASK",
-        help=f"tasks to run (default all): {', '.join(task_names())}",
+        help=f"tasks to run (default all): {', '.join(task_names())}; or a folder holding "
+        "a task.json in the same format (your own prompts)",
     )
     p.add_argument(
         "--quick",
