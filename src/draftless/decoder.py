@@ -14,8 +14,8 @@ A draft shorter than `min_draft`, or one whose cost gate is off, is a plain step
 of the carried token alone. There is one gate per member of the source and evidence bucket
 (the length of the match behind the draft; gate.py), named "conversation/9-16"; it sets the
 draft's length. While a gate is off its drafts are still taken and checked against what plain
-decoding commits (shadow checks), at no cost to the stream; a steep gate's (a lost verify
-costs it 2+ plain steps) one at a time, each starting where the last settled. Plain decoding
+decoding commits (shadow checks), at no cost to the stream; on a steep table (an 8-token draft
+lost costs 2+ plain steps) one at a time, each starting where the last settled. Plain decoding
 is this loop with no source. Drafts never pass the room left in the context, and a run ends
 where the context ends (stop reason "context"), exactly where plain decoding ends.
 

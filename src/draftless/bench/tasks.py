@@ -129,15 +129,16 @@ def load_tasks(names: Sequence[str] | None = None, root: Path = TASKS_DIR) -> li
     known = task_names(root)
     if names is None:
         return [load_task(n, root) for n in known]
-    folders = [Path(n) for n in names if n not in known]
-    for folder in folders:
+    given = [n for n in names if n not in known]
+    folders = [Path(n).resolve() for n in given]
+    for name, folder in zip(given, folders, strict=True):
         if not (folder / "task.json").is_file():
             raise TaskError(
-                f"unknown task {str(folder)!r}: use one of {', '.join(known)}, "
+                f"unknown task {name!r}: use one of {', '.join(known)}, "
                 "or a folder holding a task.json"
             )
     tasks = [load_task(n, root) for n in known if n in names]
-    tasks += [load_task(f.resolve().name, f.resolve().parent) for f in folders]
+    tasks += [load_task(f.name, f.parent) for f in folders]
     taken = [t.name for t in tasks]
     if len(set(taken)) != len(taken):
         raise TaskError(f"two tasks are named {next(n for n in taken if taken.count(n) > 1)!r}")
