@@ -4,8 +4,13 @@ and after a k-token one, and a k-token forward after another and after a 1-token
     PYTHONPATH=src python benchmarks/shape_switch.py [-m smollm2] [--threads 2] [-k 3 8]
 
 llama.cpp reuses the last compute graph only for a batch of the same shape, so a verify
-between plain steps rebuilds it twice: going in and coming out. `costs.measure` counts both
-in C(k); this shows their size on its own (median of 30 rounds, 256 tokens of context).
+between plain steps rebuilds it twice: going in and coming out (SmolLM2, both cores: 0.12-0.15
+plain steps a verify; median of 30 rounds, 256 tokens of context). `costs.measure` times each
+width in its own shape and does not count them. A probe that did (each rep a plain step, the
+verify, the plain step after it) was tried: its tables came out 12-15% dearer at every width,
+mostly from the plain step it divided by on that run, and the gate on them gave up copies,
+renames and RAG on SmolLM2 (before / after, two alternating rounds: copy median 1.62, 1.55 ->
+1.47, 1.38) and held free-form no better (worst 0.96, 0.96 -> 0.91, 0.95). Not kept.
 """
 
 from __future__ import annotations

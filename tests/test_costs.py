@@ -10,10 +10,8 @@ from fakes import InductionModel
 
 
 class TimedModel(InductionModel):
-    """On a fake clock, a forward of k tokens takes 1 + 0.5 (k - 1) units, and 0.25 more when
-    its batch shape differs from the last forward's (llama.cpp rebuilds its graph); every
-    fourth forward is disturbed (3x slower): best-of-reps must see through it. A verify of
-    k > 1 between plain steps then costs C(k) = 1 + 0.5 (k - 1) + 2 x 0.25."""
+    """On a fake clock, a forward of k tokens takes 1 + 0.5 (k - 1) units, and every third
+    one is disturbed (3x slower): best-of-reps must see through it. C(k) = 1 + 0.5 (k - 1)."""
 
     backend = "llamacpp"
 
@@ -21,16 +19,13 @@ class TimedModel(InductionModel):
         super().__init__(**kwargs)
         self.now = 0.0
         self.calls = 0
-        self.last_shape = 0
 
     def clock(self) -> float:
         return self.now
 
     def forward(self, token_ids):
         self.calls += 1
-        cost = 1 + 0.5 * (len(token_ids) - 1) + 0.25 * (len(token_ids) != self.last_shape)
-        self.now += cost * (3.0 if self.calls % 4 == 0 else 1.0)
-        self.last_shape = len(token_ids)
+        self.now += (1 + 0.5 * (len(token_ids) - 1)) * (3.0 if self.calls % 3 == 0 else 1.0)
         return super().forward(token_ids)
 
 
@@ -44,9 +39,7 @@ def test_measure_recovers_the_cost_curve_and_leaves_the_cache_empty() -> None:
     model = TimedModel(vocab=3000)
     result = measure(model, ks=(1, 2, 4, 8), context=16, reps=3, clock=model.clock)
     assert result.table.ks == (1, 2, 4, 8)
-    # each width timed only in its own shape (the probe's first method) would read
-    # (1.0, 1.5, 2.5, 4.5): a verify's way in and out of the plain steps' shape is counted
-    assert result.table.costs == (1.0, 2.0, 3.0, 5.0)
+    assert result.table.costs == (1.0, 1.5, 2.5, 4.5)
     assert result.plain_seconds == 1.0
     assert model.n_past == 0
 
@@ -129,17 +122,3 @@ def test_a_table_is_kept_per_thread_count_and_per_build(cache) -> None:
     assert table_for(model)[1] == "default"
     model.kernels = "build A"
     assert table_for(model) == (result.table, "probe")
-
-
-def test_a_table_the_probe_timed_another_way_is_measured_again(cache, monkeypatch) -> None:
-    """A table from before the probe counted a verify's shape switches underprices every
-    short verify; it is not read, so the decoder uses the default until probed again."""
-    import draftless.costs as costs
-
-    model = TimedModel(vocab=3000)
-    now = costs.PROBE_METHOD
-    monkeypatch.setattr(costs, "PROBE_METHOD", now - 1)
-    old = store(model, measure(model, ks=(1, 2, 4), context=8, reps=1, clock=model.clock))
-    assert table_for(model)[1] == "probe" and old.is_relative_to(cache)
-    monkeypatch.setattr(costs, "PROBE_METHOD", now)
-    assert table_for(model)[1] == "default" and old.is_file()

@@ -1,9 +1,8 @@
 """Verify costs: the table C(k), its shipped defaults, measuring it, and where it is kept.
 
 C(k) is what a forward of k new tokens costs in plain-step equivalents (C(1) = 1): the wall
-time a verify of k adds to a stream of plain steps (its own forward and what it costs the
-step after it), divided by that of one token, at the same context length, best of several
-repetitions. `draftless probe` measures it (`measure`) and stores it per model file,
+time of one forward of k divided by that of one token, at the same context length, best of
+several repetitions. `draftless probe` measures it (`measure`) and stores it per model file,
 backend, thread count and backend build (`store`, `model_key`); `table_for(model)` returns the
 stored table if there is one, else the backend's shipped default, and is what the decoder uses
 unless it is given a table.
@@ -29,9 +28,6 @@ from draftless.models.base import Model, cache_dir
 # stairs (row tiles: C(5) is ~0.7 steps above C(4), C(6) ~C(5)), which the powers of two hid,
 # and interpolating between them priced a 4-token draft at 2.5 steps that costs 2.9.
 PROBE_KS = (*range(1, 33), 40, 48, 56, 64, 65)
-# How `measure` times a verify, in the stored table's key: 2 counts the plain step after it
-# (a table timed each width only in its own shape, method 1, is measured again, not read).
-PROBE_METHOD = 2
 
 
 class CostTableError(UserError, ValueError):
@@ -99,17 +95,15 @@ class CostTable:
 
 # Shipped defaults, used until `draftless probe` stores a table for the model and machine.
 # Measured with SmolLM2-135M on a 2-core x86 machine: transformers fp32, one thread; llama.cpp
-# Q4_1 with patches/llama.cpp (column kernels, tiled attention), both cores, the median of
-# three `costs.measure` runs at every width (an AVX-512 Zen 4 build; benchmarks/ship_table.py).
-# Counting a verify's two graph switches (PROBE_METHOD 2) put C(2..4) 0.3-0.4 steps above the
-# table shipped before (1.52, 1.98, 2.17, measured on an AVX2 build, each width in its own
-# shape). Without patches 0003 and 0004 a forward of k cost ~0.55 k plain steps.
-_LLAMACPP_KS = PROBE_KS
+# Q4_1 built for AVX2 with patches/llama.cpp (column kernels, tiled attention), both cores,
+# `draftless probe --no-store` (llama.cpp: the median of three runs at every width; without
+# patches 0003 and 0004 a forward of k cost ~0.55 k plain steps: C(8) 4.6, C(32) 16.4-17.4).
+_LLAMACPP_KS = (*range(1, 34), 40, 48, 64, 65)
 # fmt: off
 _LLAMACPP_COSTS = (
-    1, 1.89, 2.13, 2.45, 3.17, 3.53, 3.62, 3.65, 4.46, 4.56, 4.97, 4.92, 5.54, 5.85, 6.02,
-    5.84, 6.63, 7.16, 7.28, 7.17, 7.7, 8.07, 8.72, 8.78, 9.42, 9.66, 9.93, 9.58, 10.41,
-    10.64, 11.21, 10.93, 13.39, 15.66, 18.08, 21.45, 24.03,
+    1, 1.52, 1.98, 2.17, 2.89, 2.98, 3.55, 3.68, 4.42, 4.55, 4.99, 5.37, 5.98, 6.02, 6.52,
+    6.68, 7.92, 7.89, 8.46, 8.6, 9.12, 9.42, 9.77, 9.94, 10.56, 10.87, 11.58, 11.61, 11.99,
+    12.35, 12.8, 13.15, 13.38, 15.78, 18.78, 24.69, 25.44,
 )
 # fmt: on
 DEFAULT_COST_TABLES: dict[str, CostTable] = {
@@ -129,14 +123,13 @@ def default_table(backend: str) -> CostTable:
 def model_key(model: Model) -> str:
     """Identifies what a table was measured on, for the cost-table cache: the backend, the
     model file, the threads, and the backend's kernels where it names them (a `kernels`
-    string: a new llama.cpp build changes what a verify costs, so its old table is not used),
-    and how the probe timed it (PROBE_METHOD)."""
+    string: a new llama.cpp build changes what a verify costs, so its old table is not used)."""
     path = model.path
     ident = model.name
     if path is not None and os.path.exists(path):
         st = os.stat(path)
         ident = f"{os.path.abspath(path)}:{st.st_size}:{int(st.st_mtime)}"
-    ident += f":threads={model.threads}:{getattr(model, 'kernels', '')}:probe={PROBE_METHOD}"
+    ident += f":threads={model.threads}:{getattr(model, 'kernels', '')}"
     digest = hashlib.sha256(ident.encode()).hexdigest()[:16]
     base = Path(str(path or model.name)).name.replace(os.sep, "_")
     return f"{model.backend}-{base}-{digest}"
@@ -181,46 +174,29 @@ def measure(
     on_progress: Callable[[int, float], None] | None = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> ProbeResult:
-    """Time forwards of k tokens at `context` tokens of cache as decoding meets them.
-
-    A verify comes between plain steps, and on llama.cpp a forward of another batch shape
-    than the last one rebuilds the compute graph, in and out: SmolLM2, both cores, a 1-token
-    forward takes 5.6 ms after another and 6.0 ms after a 3-token one, which takes 12.2 ms
-    after a 1-token one against 11.8 after another (benchmarks/shape_switch.py). So each rep
-    is a plain step, the forward of k, and the plain step after it; C(k) is the last two less
-    one plain step, over a plain step (best of the reps each). Timed only in its own shape, a
-    k-token verify looked ~0.15 plain steps cheaper than it is on SmolLM2, and the gate kept
-    2- and 3-token drafts on at what it took for break-even (free-form: 0.92-0.95x)."""
+    """Time forwards of k tokens at `context` tokens of cache, truncating back after each."""
     rng = np.random.default_rng(0)
     vocab = model.vocab_size
     low = min(1000, vocab // 2)
     filler = rng.integers(low, min(vocab, low + 20000), size=context + max(ks)).tolist()
     model.truncate(0)
     model.prefill(filler[:context])
-
-    def timed(k: int) -> float:
-        t0 = clock()
-        model.forward(filler[context : context + k])
-        model.truncate(context)
-        return clock() - t0
-
-    for _ in range(2):  # warm-up
-        timed(8)
-    plain_runs = []
-    for _ in range(reps):
-        timed(1)
-        plain_runs.append(timed(1))
-    plain = min(plain_runs)
     best: dict[int, float] = {}
+    for _ in range(2):  # warm-up
+        model.forward(filler[context : context + 8])
+        model.truncate(context)
     for k in ks:
-        runs = []
+        times = []
         for _ in range(reps):
-            timed(1)  # a plain step before: the graph is a 1-token one
-            runs.append(timed(k) + timed(1) - plain)
-        best[k] = plain if k == 1 else min(runs)
+            t0 = clock()
+            model.forward(filler[context : context + k])
+            times.append(clock() - t0)
+            model.truncate(context)
+        best[k] = min(times)
         if on_progress is not None:
             on_progress(k, best[k])
     model.truncate(0)
+    plain = best[min(ks)]
     table = CostTable(tuple(ks), tuple(max(1.0, best[k] / plain) if k > 1 else 1.0 for k in ks))
     return ProbeResult(table, plain, context, reps)
 
