@@ -6,7 +6,8 @@
 Prints a markdown table: each prompt's decode tok/s (the median of its reps) for draftless
 plain, llama-server plain and their ratio, draftless and each ngram peer (each over its own
 plain in brackets), and draftless over the best ngram peer on that prompt; then, per task,
-the median and worst of that last ratio and of the plain ratio.
+the median and worst of that last ratio and of the plain ratio; then, per task, every
+method's speedup over its own plain (median / worst prompt), the peers not only ngram.
 """
 
 from __future__ import annotations
@@ -53,6 +54,30 @@ def main() -> None:
             f"worst {min(over_best):.2f}; plain ratio median {statistics.median(plain_ratio):.2f}, "
             f"worst {min(plain_ratio):.2f}"
         )
+    print()
+    methods = list(tasks[0]["prompts"][0]["methods"])  # those with a speedup: not a baseline
+    methods = [
+        m
+        for m in methods
+        if any(
+            p["methods"].get(m, {}).get("speedup") is not None for t in tasks for p in t["prompts"]
+        )
+    ]
+    print("| task (prompts) | " + " | ".join(methods) + " |")
+    print("|" + "---|" * (len(methods) + 1))
+    for task in tasks:
+        cells = [f"{task['task']} ({len(task['prompts'])})"]
+        for name in methods:
+            speedups = [
+                p["methods"][name]["speedup"]
+                for p in task["prompts"]
+                if name in p["methods"] and p["methods"][name]["speedup"] is not None
+            ]
+            if speedups:
+                cells.append(f"{statistics.median(speedups):.2f} / {min(speedups):.2f}")
+            else:
+                cells.append("n/a")
+        print("| " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
