@@ -53,6 +53,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("reports", nargs="+", type=Path)
     args = ap.parse_args()
+    missing = [str(p) for p in args.reports if not p.is_file()]
+    if missing:
+        ap.error(f"no such report: {', '.join(missing)}")
     for model, pairs in sorted(idle_prompts(args.reports).items()):
         print(f"{model}: {len(pairs)} prompt runs with no verify")
         for name, estimate in ESTIMATORS.items():
