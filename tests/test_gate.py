@@ -217,6 +217,47 @@ def test_budget_maximises_expected_tokens_per_cost(accepted: int, table: CostTab
     assert gate.budget(16) == max(2, best)
 
 
+@given(
+    p=st.floats(0.0, 0.999),
+    steps=st.lists(st.floats(0.01, 3.0), min_size=1, max_size=8),
+    top=st.integers(1, 64),
+    low=st.integers(1, 4),
+)
+def test_best_draft_is_the_brute_force_optimum(
+    p: float, steps: list[float], top: int, low: int
+) -> None:
+    """Oracle: every length from min_draft to max_draft tried, on tables that rise in steps
+    of any size, flat stretches and dips included (the early stop must not skip a later
+    optimum)."""
+    ks = tuple(2**i for i in range(len(steps) + 1))
+    costs = [1.0]
+    for i, step in enumerate(steps):
+        costs.append(max(0.5, costs[-1] + (step - 1.0) * (1 + i)))  # dips below the last too
+    gate = CostGate(CostTable(ks, tuple(costs)), GateOptions())
+    gate.start(top, low)
+    d, rate = gate.best_draft(p, top)
+    lo = min(low, top)
+    rates = {k: expected_rate(p, k, gate) for k in range(lo, top + 1)}
+    best = max(rates.values())
+    assert rate == pytest.approx(best, rel=1e-9)
+    assert lo <= d <= top and rates[d] == pytest.approx(rate, rel=1e-12)
+
+
+def test_a_kept_budget_follows_the_pool_and_the_evidence() -> None:
+    """budget() keeps its last answer; a new verify, shadow check or pool count changes it."""
+    pool = [0, 0]
+    gate = CostGate(STEEP, GateOptions(), prior=prior_acceptance("9-16"))
+    gate.start(32, 2, pool=pool)
+    fresh = CostGate(STEEP, GateOptions(), prior=prior_acceptance("9-16"))
+    before = gate.budget(32)
+    pool[:] = [0, 40]  # forty drafts of the member failed at their first token
+    fresh.start(32, 2, pool=[0, 40])
+    assert gate.budget(32) == fresh.budget(32) < before
+    for g in (gate, fresh):
+        g.record_shadow(k=3, drafted=2, accepted=2, committed=3)
+    assert gate.budget(32) == fresh.budget(32)
+
+
 def test_steep_costs_draft_short_and_flat_costs_draft_long() -> None:
     steep = CostGate(CostTable((1, 2, 4, 8, 16), (1.0, 1.4, 2.2, 3.5, 6.2)), GateOptions())
     flat = CostGate(CostTable((1, 2, 4, 8, 16), (1.0, 1.08, 1.5, 2.0, 2.0)), GateOptions())

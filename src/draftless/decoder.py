@@ -145,6 +145,7 @@ class SpeculativeDecoder:
         self.options = options or SpecOptions()
         self.cost_table = cost_table or table_for(model)[0]
         self.gates: dict[str, CostGate] = {}  # one per draft source member, made on first use
+        self._gate_of: dict[tuple[str, int], tuple[str, CostGate]] = {}  # (member, match_len)
         self.clock = clock
         self.hook = verify_row_hook
         self.rng, self.seed = make_rng(self.sampling.seed)
@@ -292,6 +293,10 @@ class SpeculativeDecoder:
 
     def _gate_for(self, draft: Draft) -> tuple[str, CostGate]:
         """The gate of a draft's member and evidence bucket, made on first use."""
+        key = (draft.member, draft.match_len)
+        known = self._gate_of.get(key)  # asked every step: the name is built once
+        if known is not None:
+            return known
         bucket = evidence_bucket(draft.match_len)
         name = draft.member if bucket is None else f"{draft.member}/{bucket}"
         gate = self.gates.get(name)
@@ -302,6 +307,7 @@ class SpeculativeDecoder:
             gate.start(
                 opts.max_draft, opts.min_draft, pool=self._pool.setdefault(draft.member, [0, 0])
             )
+        self._gate_of[key] = (name, gate)
         return name, gate
 
     def _draft(
@@ -317,15 +323,19 @@ class SpeculativeDecoder:
         if proposal is None:
             return None, None
         name, gate = self._gate_for(proposal)
+        shadow = opts.gate and not gate.allows()
+        if shadow and (
+            len(self._shadows) >= MAX_SHADOWS
+            or (gate.steep and any(x.gate is gate for x in self._shadows))  # one at a time
+        ):
+            return None, gate  # no room for another shadow check: nothing to size or build
         budget = min(room, opts.max_draft, gate.budget(opts.max_draft) if opts.gate else room)
         tokens = through_first_stop(self._valid(proposal.tokens[:budget]), stop_ids)
         if len(tokens) < opts.min_draft:
             return None, None
         draft = Draft(tokens, proposal.member, proposal.match_len)
-        if opts.gate and not gate.allows():
-            waiting = gate.steep and any(x.gate is gate for x in self._shadows)
-            if len(self._shadows) < MAX_SHADOWS and not waiting:  # gate.steep: one at a time
-                self._shadows.append(_Shadow(name, gate, draft, len(self.history)))
+        if shadow:
+            self._shadows.append(_Shadow(name, gate, draft, len(self.history)))
             return None, gate
         if opts.gate and self.clock is not None and gate.wants_plain_timing():
             return None, None  # a plain step now and then keeps the live cost rescale honest
