@@ -4,7 +4,8 @@ activation columns at once, each column bitwise the one-column kernel's result.
 The decoder's losslessness on llama.cpp needs a verify row to equal the single-token row to the
 last bit (test_llamacpp_exact.py checks that on whole models). The patches make a verify cheaper
 by unpacking each weight row once for up to four columns: Q4_K and Q6_K against q8_K columns
-(0001, the Qwen and Gemma models), Q4_1 against q8_1 columns (0003, SmolLM2). Repacked Q4_K
+(0001, the Qwen and Gemma models; 0006 accumulates them with VNNI where the CPU has it), Q4_1
+against q8_1 columns (0003, SmolLM2). Repacked Q4_K
 weights (0005: ggml lays them out 8 rows at a time and multiplies them by one activation row
 with a gemv, by groups of 4 rows with a gemm) get gemm rows bitwise the gemv's. These tests
 call both kernels in the installed wheel's libggml-cpu on random blocks and compare the bits,

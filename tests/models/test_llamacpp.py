@@ -728,3 +728,19 @@ def test_the_copy_is_independent_of_llama_cpp_buffers(tiny: LlamaCppModel) -> No
     kept = first.copy()
     tiny.forward(ids[2:4])
     np.testing.assert_array_equal(first, kept)
+
+
+def test_the_build_identity_follows_the_libraries_bytes_not_their_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cost tables are kept per build. Two builds of the same size (patch 0006 changed
+    instructions, not the library's length) must not share one."""
+    lib_a, lib_b = tmp_path / "a" / "libggml-cpu.so", tmp_path / "b" / "libggml-cpu.so"
+    for path, body in ((lib_a, b"\x90" * 4096), (lib_b, b"\x90" * 4095 + b"\xc3")):
+        path.parent.mkdir()
+        path.write_bytes(body)
+    monkeypatch.setattr(llamacpp, "_cpu_libraries", lambda: [lib_a])
+    build_a = llamacpp._build()
+    assert llamacpp._build() == build_a  # the same bytes: the same build
+    monkeypatch.setattr(llamacpp, "_cpu_libraries", lambda: [lib_b])
+    assert llamacpp._build() != build_a
