@@ -60,7 +60,7 @@ from ~5.5 s to ~4.1 s; on SmolLM2 (Q4_1, two threads) a forward of 64 from ~410 
 (benchmarks/exactness_cost.py). Rows stay bitwise single-token rows. 0006 has those column
 kernels multiply each 16-bit product pair by its block scale and accumulate it with one VNNI
 instruction (vpdpwssd) where the build targets a CPU with it: integer sums, the same bits, a
-verify of 16-64 tokens on the 1.5B ~5% cheaper.
+verify of 16-64 tokens on the 1.5B 4-8% cheaper (exactness_cost.py, builds alternated).
 
 patches/llama.cpp/0004 rewrites the exact configuration's attention row (K f16, V bf16 only):
 keys in tiles of 256 at fixed cell indices, the softmax's maximum and rescale once a tile,
