@@ -145,7 +145,6 @@ class SpeculativeDecoder:
         self.options = options or SpecOptions()
         self.cost_table = cost_table or table_for(model)[0]
         self.gates: dict[str, CostGate] = {}  # one per draft source member, made on first use
-        self._gate_of: dict[tuple[str, int], tuple[str, CostGate]] = {}  # (member, match_len)
         self.clock = clock
         self.hook = verify_row_hook
         self.rng, self.seed = make_rng(self.sampling.seed)
@@ -293,10 +292,6 @@ class SpeculativeDecoder:
 
     def _gate_for(self, draft: Draft) -> tuple[str, CostGate]:
         """The gate of a draft's member and evidence bucket, made on first use."""
-        key = (draft.member, draft.match_len)
-        known = self._gate_of.get(key)  # asked every step: the name is built once
-        if known is not None:
-            return known
         bucket = evidence_bucket(draft.match_len)
         name = draft.member if bucket is None else f"{draft.member}/{bucket}"
         gate = self.gates.get(name)
@@ -307,7 +302,6 @@ class SpeculativeDecoder:
             gate.start(
                 opts.max_draft, opts.min_draft, pool=self._pool.setdefault(draft.member, [0, 0])
             )
-        self._gate_of[key] = (name, gate)
         return name, gate
 
     def _draft(

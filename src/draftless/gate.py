@@ -178,7 +178,6 @@ class CostGate:
         self._on_prior = False  # ON with no evidence but the prior (start() may set it)
         self._scale = 1.0  # live multiplier on the table
         self._costs: list[float] = []  # _draft_costs() at _costs_scale
-        self._floor: list[float] = []  # _floor[d]: the least of _costs[d:]
         self._costs_scale = self._scale
         self._best_key: tuple[float, int, int, float] | None = None  # best_draft's last call
         self._best: tuple[int, float] = (0, 0.0)
@@ -197,9 +196,6 @@ class CostGate:
         self.turned_off = 0
         self.turned_on = 0
         self.shadow_checks = 0
-        self._version = 0  # counts the updates of the evidence, the state and the scale
-        self._budget_key: tuple[int, ...] | None = None  # budget()'s last call
-        self._budget = 0
 
     # -- queries -------------------------------------------------------------------------
     def allows(self) -> bool:
@@ -216,9 +212,6 @@ class CostGate:
         if len(costs) <= max_draft or self._costs_scale != self._scale:
             costs = self._costs = [self.verify_cost(d + 1) for d in range(max_draft + 1)]
             self._costs_scale = self._scale
-            floor = self._floor = costs[:]  # floor[d] = min(costs[d:])
-            for d in range(len(floor) - 2, -1, -1):
-                floor[d] = min(floor[d], floor[d + 1])
         return costs
 
     @property
@@ -266,12 +259,8 @@ class CostGate:
         key = (p, top, low, self._costs_scale)
         if key == self._best_key:  # asked every step; the evidence moves far less often
             return self._best
-        floor = self._floor
-        ceiling = 1.0 / (1.0 - p) if p < 1.0 else math.inf  # E(d) for every d is below it
         best_d, best_rate, expected, term = top, -1.0, 1.0, 1.0
         for d in range(1, top + 1):
-            if d > low and ceiling < (best_rate + 1e-12) * floor[d]:
-                break  # no longer draft can beat best_rate: E(d') < ceiling, C >= floor[d]
             term *= p
             expected += term
             rate = expected / costs[d]
@@ -295,7 +284,6 @@ class CostGate:
         that met a rejection] over its settled drafts in this stream (the decoder's list,
         which it keeps adding to), and its prior follows it (`pooled_prior`); its shadow
         checks do not overlap, and STEEP_PROBE_STEPS of them turn it on."""
-        self._version += 1
         self._max_draft, self._min_draft = max_draft, max(1, min_draft)
         self.steep = self.table.cost(STEEP_DRAFT + 1) - 1 >= STEEP_LOSS
         if self.steep:
@@ -309,18 +297,7 @@ class CostGate:
 
     def budget(self, max_draft: int) -> int:
         """Draft budget: the record's acceptance-adaptive max(2, 2 + ceil(acceptance x
-        max_draft)) (max_draft while there is no evidence), capped at `best_draft`.
-
-        Asked every step a draft is sized; it changes only with the evidence (every update
-        counts `_version`) and the member's pool, so the last answer is kept for those."""
-        pool = self._pool
-        key = (max_draft, self._version, *(pool if pool is not None else ()))
-        if key == self._budget_key:
-            return self._budget
-        self._budget_key, self._budget = key, self._compute_budget(max_draft)
-        return self._budget
-
-    def _compute_budget(self, max_draft: int) -> int:
+        max_draft)) (max_draft while there is no evidence), capped at `best_draft`."""
         acc = self.acceptance()
         low = self._min_draft
         limit = (
@@ -352,7 +329,6 @@ class CostGate:
         self, k: int, drafted: int, accepted: int, committed: int, seconds: float | None = None
     ) -> None:
         """One verify forward of k new tokens that committed `committed` tokens."""
-        self._version += 1
         if seconds is not None:
             self._timed_verifies += 1
         if seconds is not None and self._plain_seconds:
@@ -378,7 +354,6 @@ class CostGate:
         Ignored unless the gate is OFF."""
         if self.state is not GateState.OFF:
             return
-        self._version += 1
         self.shadow_checks += 1
         self._shadow.append(_Verify(drafted, accepted, committed, self.verify_cost(k)))
         if len(self._shadow) < self._need:
@@ -412,7 +387,6 @@ class CostGate:
         if self._since_on >= 0:  # a shadow turn-on that did not hold: ask for more evidence
             self._need = min(self.options.window, self._need * 2)
             self._since_on = -1
-        self._version += 1
         self.turned_off += 1
         self.state = GateState.OFF
         self._window.clear()
