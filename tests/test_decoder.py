@@ -600,6 +600,9 @@ def test_gate_disabled_records_nothing() -> None:
     assert result.stats.plain_steps <= 2  # only the last tokens, where no 2-token draft fits
 
 
+TABLE_FLAT = CostTable((1, 64), (1.0, 1.0))
+
+
 def test_live_timings_turn_off_what_a_wrong_table_calls_free() -> None:
     """The table says verifies cost one plain step whatever k; the (fake) clock says a
     forward of k tokens takes k units. Drafts that commit one token each then lose k-fold;
@@ -613,7 +616,7 @@ def test_live_timings_turn_off_what_a_wrong_table_calls_free() -> None:
             model,
             source=garbage_source(VOCAB),
             clock=clock,
-            cost_table=CostTable((1, 64), (1.0, 1.0)),
+            cost_table=TABLE_FLAT,
         )
         dec.append(PROMPT)
         return dec.generate(200)
@@ -624,6 +627,23 @@ def test_live_timings_turn_off_what_a_wrong_table_calls_free() -> None:
     assert blind.stats.gate_off == 0  # the table alone calls every verify break-even
     assert timed.stats.gate_off >= 1
     assert timed.stats.verify_steps < blind.stats.verify_steps / 2
+
+
+def test_a_decoders_gates_share_one_live_rescale() -> None:
+    """Every gate of a decoder prices verifies by the decoder's live costs, fed once per
+    step: a plain step is timed once, however many gates there are."""
+    now = [0.0]
+    model = InductionModel(VOCAB, seed=12)
+    expected = plain(model, GREEDY, 400)
+    model.on_forward = lambda ids: now.__setitem__(0, now[0] + len(ids))
+    dec = SpeculativeDecoder(
+        model, source=TwoMembers(PROMPT + expected), clock=lambda: now[0], cost_table=TABLE_FLAT
+    )
+    dec.append(PROMPT)
+    assert dec.generate(400).token_ids == expected
+    assert set(dec.gates) == {"good", "bad"}
+    assert all(g.live is dec.live_costs for g in dec.gates.values())
+    assert dec.live_costs.scale > 1.0  # forwards of k cost k units: dearer than the table
 
 
 # -- the context's end, and who owns the cache ------------------------------------------------

@@ -13,6 +13,7 @@ from draftless.gate import (
     GateOptions,
     GateOptionsError,
     GateState,
+    LiveCosts,
     evidence_bucket,
     pooled_prior,
     prior_acceptance,
@@ -169,6 +170,30 @@ def test_live_rescale_is_clamped_and_damped() -> None:
     no_clock = CostGate(TABLE, GateOptions())
     no_clock.record_verify(k=8, drafted=7, accepted=7, committed=8, seconds=None)
     assert no_clock.scale == 1.0
+
+
+def test_gates_that_share_live_costs_learn_from_each_others_verifies() -> None:
+    """What a forward costs is the machine's: a verify timed under one bucket's gate rescales
+    the table for every gate of the decoder, and a gate made later starts from it."""
+    live = LiveCosts(TABLE, GateOptions())
+    short = CostGate(TABLE, GateOptions(), 0.6, pricing=live)
+    live.record_plain(0.010)
+    for _ in range(5):  # twice what the table says
+        short.record_verify(k=3, drafted=2, accepted=2, committed=3, seconds=0.020 * TABLE.cost(3))
+    late = CostGate(TABLE, GateOptions(), 0.95, pricing=live)
+    assert late.scale == short.scale == live.scale > 1.5
+    assert late.verify_cost(17) == pytest.approx(live.scale * TABLE.cost(17))
+    alone = CostGate(TABLE, GateOptions(), 0.95)
+    assert alone.scale == 1.0 and alone.verify_cost(17) < late.verify_cost(17)
+    # a gate made after the stream learned that verifies are dear starts off, earning its
+    # first verify with shadow checks; on the table alone it would start on
+    dear, blind = (
+        CostGate(TABLE, GateOptions(), 0.6, pricing=live),
+        CostGate(TABLE, GateOptions(), 0.6),
+    )
+    for gate in (dear, blind):
+        gate.start(max_draft=16)
+    assert dear.state is GateState.OFF and blind.state is GateState.ON
 
 
 def test_one_noisy_sample_cannot_flip_a_winning_gate() -> None:

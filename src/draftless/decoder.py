@@ -39,7 +39,7 @@ import numpy as np
 from draftless._jit import HAVE_NUMBA, njit
 from draftless.costs import CostTable, table_for
 from draftless.errors import UserError
-from draftless.gate import CostGate, GateOptions, evidence_bucket, prior_acceptance
+from draftless.gate import CostGate, GateOptions, LiveCosts, evidence_bucket, prior_acceptance
 from draftless.metrics import DecodeStats
 from draftless.models.base import ContextFull, Model
 from draftless.sampling import SamplingOptions, best_first, make_rng, sample
@@ -145,6 +145,8 @@ class SpeculativeDecoder:
         self.options = options or SpecOptions()
         self.cost_table = cost_table or table_for(model)[0]
         self.gates: dict[str, CostGate] = {}  # one per draft source member, made on first use
+        # What a forward costs here, learned from every timed step; the gates share it.
+        self.live_costs = LiveCosts(self.cost_table, self.options.gate_options)
         self.clock = clock
         self.hook = verify_row_hook
         self.rng, self.seed = make_rng(self.sampling.seed)
@@ -298,7 +300,9 @@ class SpeculativeDecoder:
         if gate is None:
             opts = self.options
             prior = prior_acceptance(bucket)
-            gate = self.gates[name] = CostGate(self.cost_table, opts.gate_options, prior)
+            gate = self.gates[name] = CostGate(
+                self.cost_table, opts.gate_options, prior, pricing=self.live_costs
+            )
             gate.start(
                 opts.max_draft, opts.min_draft, pool=self._pool.setdefault(draft.member, [0, 0])
             )
@@ -331,7 +335,7 @@ class SpeculativeDecoder:
         if shadow:
             self._shadows.append(_Shadow(name, gate, draft, len(self.history)))
             return None, gate
-        if opts.gate and self.clock is not None and gate.wants_plain_timing():
+        if opts.gate and self.clock is not None and self.live_costs.wants_plain_timing():
             return None, None  # a plain step now and then keeps the live cost rescale honest
         return draft, gate
 
@@ -400,8 +404,7 @@ class SpeculativeDecoder:
         if draft is None:
             s.plain_steps += 1
             if self.options.gate:
-                for g in self.gates.values():  # every gate learns what a plain step costs
-                    g.record_plain(seconds)
+                self.live_costs.record_plain(seconds)  # what a plain step costs, for every gate
             return
         tokens = draft.tokens
         n = len(committed)  # the last one is a correction or bonus unless a stop matched

@@ -8,9 +8,12 @@ commits a + 1 tokens (a accepted drafts, plus the correction or bonus token). Th
 and turns speculation off below `min_speedup`. Plain steps taken because the source had no
 draft cost what plain decoding costs and never enter the window.
 
-The table is rescaled by live timings through a clamped EWMA multiplier: one scheduler stall
-moves the estimate by at most `scale_alpha` of its clamped deviation, while a machine whose
-economics differ from the table is learned within a few verifies.
+The table is rescaled by live timings through a clamped EWMA multiplier (`LiveCosts`): one
+scheduler stall moves the estimate by at most `scale_alpha` of its clamped deviation, while a
+machine whose economics differ from the table is learned within a few verifies. The decoder's
+gates share one: what a forward costs is the machine's, not a bucket's, so every verify of the
+stream teaches every gate (a bucket's gate makes a verify or three in an answer, too few to
+learn a scale of its own).
 
 One gate per draft-source member *and* evidence bucket: the length of the match behind the
 draft, bucketed 1, 2, 3-4, 5-8, 9-16, 17+ (none for drafts that are not a match, such as
@@ -36,7 +39,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from enum import Enum
 
 from draftless.costs import CostTable
@@ -137,6 +140,63 @@ def pooled_prior(prior: float, accepted: int, rejections: int) -> float:
     return min(prior, pooled)
 
 
+class LiveCosts:
+    """The cost table rescaled by live timings: verify_cost(k) = max(1, scale x C(k)), with
+    scale a clamped EWMA of (a verify's seconds / a plain step's seconds / C(k)). One per
+    decoder, shared by its gates (`CostGate.pricing`)."""
+
+    def __init__(self, table: CostTable, options: GateOptions | None = None) -> None:
+        self.table = table
+        self.options = options or GateOptions()
+        self.scale = 1.0
+        self._plain_seconds: float | None = None  # EWMA of a plain step's wall time
+        self._timed_verifies = 0  # timed verifies since the last plain timing
+        self._costs: list[float] = []  # draft_costs() at _costs_scale
+        self._costs_scale = self.scale
+
+    def verify_cost(self, k: int) -> float:
+        """Cost of a forward of k new tokens in plain-step equivalents (never below 1)."""
+        return max(1.0, self.scale * self.table.cost(k))
+
+    def draft_costs(self, max_draft: int) -> list[float]:
+        """[verify_cost(d + 1) for d in 0..max_draft], kept while the scale holds: the
+        budget asks for it every step, and the table's interpolation is not free."""
+        costs = self._costs
+        if len(costs) <= max_draft or self._costs_scale != self.scale:
+            costs = self._costs = [self.verify_cost(d + 1) for d in range(max_draft + 1)]
+            self._costs_scale = self.scale
+        return costs
+
+    def wants_plain_timing(self) -> bool:
+        """True when the rescale has no recent plain step to compare verifies with: none yet
+        after a timed verify, or none in the last CALIBRATE_EVERY timed verifies. A decoder
+        that always verifies would otherwise never learn that its table is wrong."""
+        if self._timed_verifies == 0:
+            return False
+        return self._plain_seconds is None or self._timed_verifies >= CALIBRATE_EVERY
+
+    def record_plain(self, seconds: float | None) -> None:
+        """A plain step's wall time: what a plain step costs now."""
+        if seconds is None or seconds <= 0:
+            return
+        self._timed_verifies = 0
+        if self._plain_seconds is None:
+            self._plain_seconds = seconds
+        else:
+            self._plain_seconds += self.options.scale_alpha * (seconds - self._plain_seconds)
+
+    def record_verify(self, k: int, seconds: float | None) -> None:
+        """A verify forward of k tokens took `seconds`: move the scale toward what it says."""
+        if seconds is None:
+            return
+        self._timed_verifies += 1
+        if self._plain_seconds:
+            opts = self.options
+            observed = seconds / self._plain_seconds / self.table.cost(k)
+            observed = min(opts.scale_max, max(opts.scale_min, observed))
+            self.scale += opts.scale_alpha * (observed - self.scale)
+
+
 class GateState(Enum):
     ON = "on"
     OFF = "off"
@@ -164,8 +224,10 @@ class CostGate:
     table: CostTable
     options: GateOptions = field(default_factory=GateOptions)
     prior: float = PRIOR_TOKEN_ACCEPTANCE  # per-token acceptance before any evidence
+    pricing: InitVar[LiveCosts | None] = None  # shared live costs (the decoder's); else its own
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, pricing: LiveCosts | None) -> None:
+        self.live = pricing if pricing is not None else LiveCosts(self.table, self.options)
         if not 0.0 < self.prior < 1.0:
             raise GateOptionsError(f"gate prior must be in (0, 1), got {self.prior}")
         self.state = GateState.ON
@@ -176,9 +238,6 @@ class CostGate:
         self._need = self.options.probe_steps
         self._since_on = -1  # real verifies since a shadow turn-on still on trial; -1: none
         self._on_prior = False  # ON with no evidence but the prior (start() may set it)
-        self._scale = 1.0  # live multiplier on the table
-        self._costs: list[float] = []  # _draft_costs() at _costs_scale
-        self._costs_scale = self._scale
         self._best_key: tuple[float, int, int, float] | None = None  # best_draft's last call
         self._best: tuple[int, float] = (0, 0.0)
         self._max_draft = 64  # the longest draft it budgets for (start() sets it)
@@ -191,8 +250,6 @@ class CostGate:
         # the phrase (free-form on the 1.5B: a 7-token verify lost, 2% of the answer).
         self.steep = False
         self._pool: list[int] | None = None  # [accepted, rejections] of the member, live
-        self._plain_seconds: float | None = None  # EWMA of a plain step's wall time
-        self._timed_verifies = 0  # timed verifies since the last plain timing
         self.turned_off = 0
         self.turned_on = 0
         self.shadow_checks = 0
@@ -203,20 +260,11 @@ class CostGate:
 
     def verify_cost(self, k: int) -> float:
         """Cost of a forward of k new tokens in plain-step equivalents (never below 1)."""
-        return max(1.0, self._scale * self.table.cost(k))
-
-    def _draft_costs(self, max_draft: int) -> list[float]:
-        """[verify_cost(d + 1) for d in 0..max_draft], kept while the scale holds: the
-        budget asks for it every step, and the table's interpolation is not free."""
-        costs = self._costs
-        if len(costs) <= max_draft or self._costs_scale != self._scale:
-            costs = self._costs = [self.verify_cost(d + 1) for d in range(max_draft + 1)]
-            self._costs_scale = self._scale
-        return costs
+        return self.live.verify_cost(k)
 
     @property
     def scale(self) -> float:
-        return self._scale
+        return self.live.scale
 
     def est_speedup(self) -> float | None:
         cost = sum(v.cost for v in self._window)
@@ -255,8 +303,8 @@ class CostGate:
         1-token draft at recycling's prior pays 1.17x and the 2-token one it gets 1.04x."""
         top = max(1, max_draft)
         low = min(self._min_draft, top)
-        costs = self._draft_costs(top)
-        key = (p, top, low, self._costs_scale)
+        costs = self.live.draft_costs(top)
+        key = (p, top, low, self.live.scale)
         if key == self._best_key:  # asked every step; the evidence moves far less often
             return self._best
         best_d, best_rate, expected, term = top, -1.0, 1.0, 1.0
@@ -307,34 +355,20 @@ class CostGate:
         return max(low, min(limit, best_d)) if limit >= low else limit
 
     def wants_plain_timing(self) -> bool:
-        """True when the live rescale has no recent plain step to compare verifies with: none
-        yet after a timed verify, or none in the last CALIBRATE_EVERY timed verifies. A gate
-        that is always on would otherwise never learn that its table is wrong."""
-        if self._timed_verifies == 0:
-            return False
-        return self._plain_seconds is None or self._timed_verifies >= CALIBRATE_EVERY
+        """See `LiveCosts.wants_plain_timing`."""
+        return self.live.wants_plain_timing()
 
     # -- updates -------------------------------------------------------------------------
     def record_plain(self, seconds: float | None = None) -> None:
-        """A plain step (no draft, or the gate was off): what a plain step costs now."""
-        if seconds is None or seconds <= 0:
-            return
-        self._timed_verifies = 0
-        if self._plain_seconds is None:
-            self._plain_seconds = seconds
-        else:
-            self._plain_seconds += self.options.scale_alpha * (seconds - self._plain_seconds)
+        """A plain step (no draft, or the gate was off): what a plain step costs now. Gates
+        that share their live costs learn it once, from the decoder (`LiveCosts`)."""
+        self.live.record_plain(seconds)
 
     def record_verify(
         self, k: int, drafted: int, accepted: int, committed: int, seconds: float | None = None
     ) -> None:
         """One verify forward of k new tokens that committed `committed` tokens."""
-        if seconds is not None:
-            self._timed_verifies += 1
-        if seconds is not None and self._plain_seconds:
-            observed = seconds / self._plain_seconds / self.table.cost(k)
-            observed = min(self.options.scale_max, max(self.options.scale_min, observed))
-            self._scale += self.options.scale_alpha * (observed - self._scale)
+        self.live.record_verify(k, seconds)
         self._window.append(_Verify(drafted, accepted, committed, self.verify_cost(k)))
         if self._since_on >= 0:
             self._since_on += 1
