@@ -143,7 +143,7 @@ def pooled_prior(prior: float, accepted: int, rejections: int) -> float:
 class LiveCosts:
     """The cost table rescaled by live timings: verify_cost(k) = max(1, scale x C(k)), with
     scale a clamped EWMA of (a verify's seconds / a plain step's seconds / C(k)). One per
-    decoder, shared by its gates (`CostGate.pricing`)."""
+    decoder, shared by its gates (passed as `CostGate(..., pricing=)`, kept as `.live`)."""
 
     def __init__(self, table: CostTable, options: GateOptions | None = None) -> None:
         self.table = table
