@@ -13,7 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from draftless.costs import CostTable
-from draftless.decoder import SpecOptions, SpeculativeDecoder, generate, topk_rows
+from draftless.decoder import (
+    SpecOptions,
+    SpeculativeDecoder,
+    TokenOutOfVocabulary,
+    generate,
+    topk_rows,
+)
+from draftless.errors import UserError
 from draftless.gate import GateOptions
 from draftless.sampling import SamplingOptions, sample
 from draftless.sources.base import Draft
@@ -430,8 +437,9 @@ def test_multi_turn_append_keeps_cache_and_stream_in_step() -> None:
 
 def test_append_rejects_out_of_vocabulary_prompt() -> None:
     dec = SpeculativeDecoder(InductionModel(VOCAB))
-    with pytest.raises(ValueError, match="outside the vocabulary"):
+    with pytest.raises(TokenOutOfVocabulary, match="outside the vocabulary") as caught:
         dec.append([1, VOCAB])
+    assert isinstance(caught.value, UserError)  # the CLI's one line, the server's 4xx
     assert dec.history == [] and dec.model.n_past == 0
 
 

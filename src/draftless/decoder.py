@@ -56,6 +56,24 @@ class DecoderOptionsError(UserError, ValueError):
     pass
 
 
+class TokenOutOfVocabulary(UserError, ValueError):
+    """A prompt token id the model has no row for: ids made by another model's tokenizer, or
+    a tokenizer that emits ids past its model's embeddings (a mismatched pair)."""
+
+    def __init__(self, token_id: int, vocab: int) -> None:
+        super().__init__(
+            f"token id {token_id} is outside the vocabulary [0, {vocab}) of this model: the "
+            "ids were not made for it, or its tokenizer does not match its weights"
+        )
+
+
+def check_ids(ids: Sequence[int], vocab: int) -> None:
+    """Raise TokenOutOfVocabulary at the first id outside [0, vocab)."""
+    bad = next((t for t in ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise TokenOutOfVocabulary(bad, vocab)
+
+
 @dataclass(frozen=True, slots=True)
 class SpecOptions:
     max_draft: int = 64  # drafted tokens per verify at most (the gate picks the length)
@@ -192,9 +210,7 @@ class SpeculativeDecoder:
         ids = [int(t) for t in token_ids]
         if not ids:
             return
-        bad = [t for t in ids if not 0 <= t < self.vocab]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {self.vocab})")
+        check_ids(ids, self.vocab)
         n_ctx = self.model.n_ctx
         if n_ctx is not None and len(self.history) + len(ids) > n_ctx:
             raise ContextFull(len(self.history), len(ids), n_ctx)
@@ -520,9 +536,7 @@ class SpeculativeDecoder:
         ids = [int(t) for t in prompt_ids]
         if not ids:
             raise ValueError("restart needs a non-empty prompt")
-        bad = [t for t in ids if not 0 <= t < self.vocab]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {self.vocab})")
+        check_ids(ids, self.vocab)
         if source is not None:
             check_source(source)
         n_ctx = self.model.n_ctx

@@ -337,3 +337,44 @@ def test_transformers_peers_split_prefill_from_decode() -> None:
         else:  # the prompt forward verifies at most a first draft of n
             assert 1 <= run.first_tokens <= n + 1
             assert run.stats.drafted > 0  # the repetitive prompt gives prompt lookup matches
+
+
+def test_dtype_reaches_the_transformers_load_only_and_the_report(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--dtype is transformers' (bf16 where the CPU has AVX512_BF16, issue 11): with --backend
+    both, llama.cpp loads without it, transformers with it, and its report names it."""
+    loads: list[tuple[str, dict[str, object]]] = []
+
+    def load(model: str, backend: str, options: dict[str, object]) -> InductionModel:
+        loads.append((backend, dict(options)))
+        fake = InductionModel(vocab=50, seed=0)
+        if backend == "hf":
+            fake.dtype = str(options["dtype"])  # type: ignore[attr-defined]
+        return fake
+
+    monkeypatch.setattr("draftless.cli.bench._load", load)
+    out = cache / "out"
+    args = ["bench", "--backend", "both", "--dtype", "bfloat16", "--tasks", "repetition"]
+    args += ["--prompts", "1", "--reps", "1", "-n", "8", "--no-peers", "--out", str(out)]
+    assert main(args) == 0
+    assert [(b, "dtype" in o) for b, o in loads] == [("llamacpp", False), ("hf", True)]
+    assert loads[1][1]["dtype"] == "bfloat16"
+    data = json.loads((out / "results.json").read_text())
+    assert [b["dtype"] for b in data["backends"]] == [None, "bfloat16"]
+    assert "; bfloat16." in (out / "results.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("flags", "fragment"),
+    [
+        (["--dtype", "bfloat16", "--backend", "llamacpp"], "--dtype sets the transformers"),
+        (["--dtype", "bfloat16", "--quick"], "--dtype sets the transformers"),
+    ],
+)
+def test_dtype_without_transformers_is_a_one_line_error(
+    flags: list[str], fragment: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and fragment in err

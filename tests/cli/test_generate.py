@@ -384,3 +384,62 @@ def test_any_options_exit_0_with_output_or_2_with_one_line(args: list[str]) -> N
         assert out["new_tokens"] == len(out["token_ids"]) >= 1
     else:  # the text (maybe only whitespace), then the speed line
         assert proc.stdout.endswith("\n") and "tokens in" in proc.stderr
+
+
+def test_an_unknown_dtype_is_refused_by_the_parser() -> None:
+    proc = run("generate", "--dtype", "int8", "-p", "hi")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "invalid choice: 'int8'" in proc.stderr
+
+
+@SMOLLM2
+def test_a_dtype_for_llama_cpp_is_a_one_line_error() -> None:
+    """llama.cpp computes in the GGUF's own types: --dtype there says so, it does not vanish."""
+    proc = run("generate", "--backend", "llamacpp", "--dtype", "bfloat16", "-p", "hi")
+    assert_user_error(proc, "dtype is a transformers option", "hf backend")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float64"])
+def test_dtype_reaches_the_transformers_model(tmp_path: Path, dtype: str) -> None:
+    """`generate --backend hf --dtype X` computes in X (issue 11: bf16 where the CPU has
+    AVX512_BF16), greedy and speculative alike, and says so in --json."""
+    import json
+
+    transformers = pytest.importorskip("transformers")
+    sys.path.insert(0, str(ROOT / "tests" / "models"))
+    from test_hf import byte_tokenizer
+
+    config = transformers.LlamaConfig(
+        vocab_size=260, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
+    )  # fmt: skip
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "tiny")
+    byte_tokenizer().save_pretrained(tmp_path / "tiny")
+    outputs = []
+    for spec in ([], ["--spec"]):
+        args = ["--backend", "hf", "--model", str(tmp_path / "tiny"), "--dtype", dtype]
+        proc = run("generate", *args, *spec, "--json", "-n", "12", "-p", "abcabcabcabc")
+        assert proc.returncode == 0, proc.stderr
+        out = json.loads(proc.stdout)
+        assert (out["backend"], out["dtype"]) == ("hf", dtype)
+        outputs.append(out["token_ids"])
+    assert len(outputs[0]) == 12
+    if dtype == "float64":  # exact rows: the speculative stream is plain's
+        assert outputs[1] == outputs[0]
+
+
+def test_a_tokenizer_past_its_models_vocabulary_is_a_one_line_error(tmp_path: Path) -> None:
+    """A model directory whose tokenizer emits ids its weights have no row for (here the
+    BOS, 256, of a 256-row model) is a user's mismatched pair: one line, not a traceback."""
+    transformers = pytest.importorskip("transformers")
+    sys.path.insert(0, str(ROOT / "tests" / "models"))
+    from test_hf import byte_tokenizer
+
+    config = transformers.LlamaConfig(
+        vocab_size=256, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
+    )  # fmt: skip
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "tiny")
+    byte_tokenizer().save_pretrained(tmp_path / "tiny")
+    proc = run("generate", "--backend", "hf", "--model", str(tmp_path / "tiny"), "-p", "hi")
+    assert_user_error(proc, "token id 256", "does not match its weights")

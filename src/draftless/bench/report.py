@@ -275,6 +275,7 @@ def _backend_md(w: Any, b: BackendResult) -> None:
         f"Verify costs the gate used ({ct['origin']}): {costs} plain steps. "
         f"Model load {b.load_seconds:.1f} s; run {b.seconds / 60:.1f} min"
         + (f"; {b.threads} thread{'s' if b.threads != 1 else ''}" if b.threads else "")
+        + (f"; {b.dtype}" if b.dtype else "")
         + ".\n\n"
     )
     for note in b.notes:

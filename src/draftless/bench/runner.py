@@ -218,6 +218,7 @@ class BackendResult:
     tasks: tuple[TaskResult, ...]
     seconds: float  # wall time of this backend's whole run
     threads: int | None = None  # the model's CPU threads (None: the backend does not say)
+    dtype: str | None = None  # what transformers computes in (None: llama.cpp, the GGUF's types)
 
 
 @dataclass(frozen=True, slots=True)

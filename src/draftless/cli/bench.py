@@ -37,11 +37,16 @@ from draftless.bench.runner import (
     method_info,
 )
 from draftless.bench.tasks import Task, TaskError, load_tasks, task_names
-from draftless.cli.common import MAX_DRAFT
+from draftless.cli.common import MAX_DRAFT, add_dtype_option
 from draftless.errors import UsageError
 from draftless.models.base import Model, ModelError
 
-BENCH_BACKENDS = ("llamacpp", "hf", "both")
+# --backend's choices, and the backends each one runs
+BACKEND_RUNS: dict[str, tuple[str, ...]] = {
+    "llamacpp": ("llamacpp",),
+    "hf": ("hf",),
+    "both": ("llamacpp", "hf"),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +77,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--model", "-m", default="smollm2", help="registry name or path")
     p.add_argument(
         "--backend",
-        choices=BENCH_BACKENDS,
+        choices=tuple(BACKEND_RUNS),
         default=None,
         help="default: llamacpp with --quick, both otherwise",
     )
@@ -123,6 +128,7 @@ def register(subparsers: Any) -> None:
         help="measure this machine's verify costs first and let the gate use them",
     )
     p.add_argument("--device", default=None, help="transformers device (cpu, cuda)")
+    add_dtype_option(p)
     p.set_defaults(func=cmd_bench)
 
 
@@ -142,6 +148,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise _usage_error(f"--max-draft must be >= 1, got {args.max_draft}")
     if args.threads is not None and args.threads < 1:
         raise _usage_error(f"--threads must be >= 1, got {args.threads}")
+    if args.dtype and "hf" not in BACKEND_RUNS[backend]:
+        raise _usage_error("--dtype sets the transformers backend's: add --backend hf or both")
     if args.no_peers and args.peers:
         raise _usage_error("--no-peers and --peers exclude each other")
     only_peers = _task_list(args.peers, what="--peers", item="peer name")
@@ -157,7 +165,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         tasks = load_tasks(names)
     except TaskError as err:
         raise _usage_error(str(err)) from None
-    backends: tuple[str, ...] = ("llamacpp", "hf") if backend == "both" else (backend,)
+    backends = BACKEND_RUNS[backend]
     settings = Settings(
         quick=args.quick,
         reps=reps,
@@ -174,6 +182,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         options: dict[str, Any] = {"n_ctx": N_CTX}
         if args.device and name == "hf":
             options["device"] = args.device
+        if args.dtype and name == "hf":
+            options["dtype"] = args.dtype
         if args.threads is not None:
             options["n_threads"] = args.threads
         try:
@@ -310,6 +320,7 @@ def bench_backend(
             tasks=tuple(results),
             seconds=time.perf_counter() - t0,
             threads=model.threads,
+            dtype=getattr(model, "dtype", None),
         )
     finally:
         model.close()

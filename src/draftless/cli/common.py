@@ -27,6 +27,8 @@ from draftless.text import unescape
 MAX_REFERENCES = CascadeOptions().max_references
 MAX_REFERENCE_BYTES = 4 * 1024 * 1024  # a reference file larger than this is refused
 MAX_DRAFT = SpecOptions().max_draft
+# --dtype's choices: what the transformers backend computes in (float64 is the tests' exact one)
+DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 __all__ = ["MAX_REFERENCES", "MAX_REFERENCE_BYTES", "UsageError"]
 
@@ -46,12 +48,23 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         help="auto: llama.cpp for GGUF when installed, else transformers",
     )
     p.add_argument("--device", default=None, help="transformers device (cpu, cuda, cuda:1)")
+    add_dtype_option(p)
     p.add_argument("--n-ctx", type=int, default=None, help="context size in tokens")
     p.add_argument(
         "--threads",
         type=int,
         default=None,
         help="CPU threads for the model (default: the backend's; at most the cores)",
+    )
+
+
+def add_dtype_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default=None,
+        help="transformers weights and compute (default float32 on CPU, bfloat16 on CUDA; "
+        "llama.cpp runs a GGUF in its own types)",
     )
 
 
@@ -151,6 +164,8 @@ def load_with_notes(args: argparse.Namespace, *, quiet: bool = False) -> tuple[M
     options: dict[str, Any] = {}
     if args.device:
         options["device"] = args.device
+    if args.dtype:
+        options["dtype"] = args.dtype
     if args.n_ctx is not None:
         if args.n_ctx < 1:
             raise UsageError(f"--n-ctx must be >= 1, got {args.n_ctx}")

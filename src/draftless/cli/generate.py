@@ -94,6 +94,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 "backend": model.backend,
                 "n_ctx": model.n_ctx,
                 "threads": model.threads,
+                "dtype": getattr(model, "dtype", None),  # transformers'; None on llama.cpp
             }
             if args.spec:
                 payload["spec"] = dec.stats.to_json()

@@ -241,6 +241,11 @@ class LlamaCppOptions:
     @classmethod
     def from_kwargs(cls, options: dict[str, Any]) -> LlamaCppOptions:
         known = {f.name for f in fields(cls)}
+        if "dtype" in options:
+            raise ModelError(
+                "dtype is a transformers option: llama.cpp computes in the GGUF's own types "
+                "(use the hf backend to choose one)"
+            )
         unknown = sorted(set(options) - known)
         if unknown:
             raise ModelError(
