@@ -20,8 +20,10 @@ What is asserted, as measured on this CPU build (torch 2.13, transformers 5.23):
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,11 +58,16 @@ from draftless.models.base import (  # noqa: E402
 from draftless.models.base import Tokenizer as TokenizerProtocol  # noqa: E402
 from draftless.models.hf import (  # noqa: E402
     CONVERTED_MARKER,
+    DIGESTS,
     HFModel,
     check_rewindable,
+    claim_conversion,
     conversion_key,
+    conversion_source,
     converted_dir,
+    file_digest,
     is_complete_conversion,
+    prune_conversions,
     save_atomically,
 )
 from draftless.models.registry import resolve  # noqa: E402
@@ -675,7 +682,7 @@ def test_smollm2_second_load_reads_the_conversion_cache(smollm2, monkeypatch):
     assert smollm2.first.source == str(smollm2.spec.path)
     assert smollm2.second.source == str(target)
     leftovers = [p.name for p in target.parent.iterdir() if p.name != target.name]
-    assert leftovers == []
+    assert leftovers == [DIGESTS]  # and no temporary directory
     assert smollm2.second_seconds < smollm2.first_seconds
     ids = smollm2.first.tokenizer.encode("The quick brown fox jumps over")
     for model in (smollm2.first, smollm2.second):
@@ -776,18 +783,86 @@ def test_smollm2_tokenizer(smollm2):
 # --- the conversion cache, without a model ---------------------------------------------------
 
 
-def test_conversion_key_follows_the_file(tmp_path):
-    gguf = tmp_path / "m.gguf"
+def test_conversion_key_follows_the_bytes_not_the_path(tmp_path, monkeypatch):
+    """The same GGUF installed at two paths (two virtualenvs) shares one conversion; a file
+    rewritten in place, even with its size and mtime put back, gets its own."""
+    monkeypatch.setenv("DRAFTLESS_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "a" / "m.gguf"
+    gguf.parent.mkdir()
     gguf.write_bytes(b"GGUF" + bytes(3 << 20))
     first = conversion_key(gguf)
     assert first.startswith("m-") and first == conversion_key(gguf)
+    elsewhere = tmp_path / "b" / "m.gguf"
+    elsewhere.parent.mkdir()
+    shutil.copyfile(gguf, elsewhere)
+    assert conversion_key(elsewhere) == first
     stat = gguf.stat()
-    gguf.write_bytes(b"GGUF" + bytes((3 << 20) - 1) + b"x")  # same size, other tail
-    os.utime(gguf, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    second = conversion_key(gguf)
-    assert second != first
     os.utime(gguf, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
-    assert conversion_key(gguf) != second
+    assert conversion_key(gguf) == first  # touched, same bytes
+    stat = gguf.stat()
+    with gguf.open("r+b") as fh:  # one byte in the middle, size and mtime kept
+        fh.seek(1 << 20)
+        fh.write(b"x")
+    os.utime(gguf, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert conversion_key(gguf) != first
+
+
+def test_a_files_digest_is_read_once_per_install(tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTLESS_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(1 << 20))
+    digest = file_digest(gguf)
+    assert digest == hashlib.sha256(gguf.read_bytes()).hexdigest()
+
+    def no_hashing(*args, **kwargs):
+        raise AssertionError("the file was hashed again")
+
+    monkeypatch.setattr(hashlib, "sha256", no_hashing)
+    assert file_digest(gguf) == digest
+
+
+def _conversion(root: Path, name: str, source: Path) -> Path:
+    target = root / name
+    assert save_atomically(target, lambda d: (d / "config.json").write_text("{}"), source=source)
+    return target
+
+
+def test_writing_a_conversion_prunes_those_no_load_would_find(tmp_path, monkeypatch):
+    """A reinstall (new path, or new bytes) must not leave the old float32 copy behind."""
+    monkeypatch.setenv("DRAFTLESS_CACHE", str(tmp_path / "cache"))
+    root = tmp_path / "converted"
+    live, gone, changed = (tmp_path / f"{n}.gguf" for n in ("live", "gone", "changed"))
+    for path in (live, gone, changed):
+        path.write_bytes(b"GGUF " + path.name.encode())
+    kept = _conversion(root, conversion_key(live), live)
+    stale = _conversion(root, conversion_key(gone), gone)
+    outdated = _conversion(root, conversion_key(changed), changed)
+    legacy = _conversion(root, "live-0123456789abcdef", live)  # a key of an older scheme
+    partial = root / ".new-1.tmp-abc"  # a conversion being written: not whole, not touched
+    partial.mkdir()
+    gone.unlink()
+    changed.write_bytes(b"GGUF, other weights")
+    new = _conversion(root, "new-1", tmp_path / "not-yet.gguf")
+    assert prune_conversions(root, keep=new) == sorted([stale, outdated, legacy])
+    assert sorted(p.name for p in root.iterdir()) == sorted([kept.name, new.name, partial.name])
+
+
+def test_a_conversion_found_by_another_path_is_claimed_by_it(tmp_path, monkeypatch):
+    """The same bytes in a new virtualenv: the conversion now serves the new path, and
+    outlives the old one."""
+    monkeypatch.setenv("DRAFTLESS_CACHE", str(tmp_path / "cache"))
+    root = tmp_path / "converted"
+    old, new = tmp_path / "old" / "m.gguf", tmp_path / "new" / "m.gguf"
+    for path in (old, new):
+        path.parent.mkdir()
+        path.write_bytes(b"GGUF")
+    shared = _conversion(root, conversion_key(old), old)
+    claim_conversion(shared, new)  # the recorded source is alive: unchanged
+    assert conversion_source(shared) == old.resolve()
+    old.unlink()
+    claim_conversion(shared, new)
+    assert conversion_source(shared) == new.resolve()
+    assert prune_conversions(root, keep=root / "other") == []
 
 
 def test_save_atomically(tmp_path):

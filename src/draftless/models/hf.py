@@ -10,10 +10,14 @@ Where the weights come from:
     a GGUF file         transformers' `gguf_file=` path converts the tokenizer and dequantizes
                         every weight to float32 (tens of seconds). The result is saved once
                         with save_pretrained into `cache_dir()/converted/<stem>-<key>`; the key
-                        hashes the file's path, size, mtime, first and last MiB and the
-                        transformers version. It is written to a temporary sibling and renamed
-                        into place, so a directory with that name is always a whole conversion;
-                        later loads read its safetensors in about a second.
+                        hashes the file's bytes (SHA-256, remembered per path, size and times)
+                        and the transformers version, so the same file installed at another
+                        path (a new virtualenv, a fresh clone) finds the same conversion. It is
+                        written to a temporary sibling and renamed into place, so a directory
+                        with that name is always a whole conversion; later loads read its
+                        safetensors in about a second. Writing one removes the conversions
+                        whose GGUF is gone (`prune_conversions`): the cache does not grow by a
+                        model's float32 size with every reinstall.
 
 The cache keeps every position on every layer, so `truncate(n)` can go anywhere; see
 `rewindable_cache` for why and how the sliding window is still applied.
@@ -64,7 +68,8 @@ from draftless.models.base import (
 BACKEND = "hf"
 PREFILL_CHUNK = 512  # tokens per prefill forward: bounds the [chunk, context] attention scratch
 CONVERTED_MARKER = "draftless-conversion.json"  # written last inside a conversion directory
-_HASHED_BYTES = 1 << 20  # the first and the last MiB of a GGUF enter its conversion key
+DIGESTS = "digests.json"  # in converted/: {"path\0size\0mtime\0ctime": the file's sha256}
+_READ_CHUNK = 8 << 20
 
 # Architectures that keep a recurrent (or convolutional) state: it folds in every past token and
 # cannot be cut back to an earlier position, so a rejected draft could never be taken back.
@@ -200,19 +205,42 @@ def rewindable_cache(config: Any, name: str = "model") -> DynamicCache:
 # --- GGUF conversion cache ----------------------------------------------------------------------
 
 
-def conversion_key(gguf_path: Path) -> str:
-    """`<stem>-<16 hex>`, which changes with the file (path, size, mtime, head, tail)."""
-    path = Path(gguf_path).resolve()
+def file_digest(path: Path) -> str:
+    """SHA-256 of the file's bytes, remembered in the conversion cache by path, size, mtime
+    and ctime: a 1 GB GGUF is read once per install, not once per load."""
+    path = Path(path).resolve()
     stat = path.stat()
+    memo_path = cache_dir() / "converted" / DIGESTS
+    # ctime moves with any write, also one that puts the mtime back
+    memo_key = f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\0{stat.st_ctime_ns}"
+    try:
+        memo = json.loads(memo_path.read_text())
+        if not isinstance(memo, dict):
+            memo = {}
+    except (OSError, ValueError):
+        memo = {}
+    known = memo.get(memo_key)
+    if isinstance(known, str):
+        return known
     digest = hashlib.sha256()
-    digest.update(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
-    digest.update(f"transformers {transformers.__version__}\0".encode())
     with path.open("rb") as fh:
-        digest.update(fh.read(_HASHED_BYTES))
-        if stat.st_size > 2 * _HASHED_BYTES:
-            fh.seek(-_HASHED_BYTES, os.SEEK_END)
-            digest.update(fh.read(_HASHED_BYTES))
-    return f"{path.stem}-{digest.hexdigest()[:16]}"
+        while chunk := fh.read(_READ_CHUNK):
+            digest.update(chunk)
+    memo = {k: v for k, v in memo.items() if os.path.exists(k.split("\0", 1)[0])}
+    memo[memo_key] = digest.hexdigest()
+    with contextlib.suppress(OSError):  # a memo we cannot write costs a re-read, no more
+        memo_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo_path.with_name(f".{DIGESTS}.{os.getpid()}")
+        tmp.write_text(json.dumps(memo) + "\n")
+        os.replace(tmp, memo_path)
+    return memo[memo_key]
+
+
+def conversion_key(gguf_path: Path) -> str:
+    """`<stem>-<16 hex>`, from the file's bytes and the transformers version (not its path)."""
+    path = Path(gguf_path)
+    tag = f"{file_digest(path)}\0transformers {transformers.__version__}"
+    return f"{path.stem}-{hashlib.sha256(tag.encode()).hexdigest()[:16]}"
 
 
 def converted_dir(gguf_path: Path) -> Path:
@@ -222,6 +250,48 @@ def converted_dir(gguf_path: Path) -> Path:
 
 def is_complete_conversion(directory: Path) -> bool:
     return (directory / CONVERTED_MARKER).is_file() and (directory / "config.json").is_file()
+
+
+def conversion_source(directory: Path) -> Path | None:
+    """The GGUF a conversion was last used for, as its marker records it."""
+    try:
+        source = json.loads((directory / CONVERTED_MARKER).read_text()).get("source")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return Path(source) if isinstance(source, str) else None
+
+
+def claim_conversion(directory: Path, source: Path) -> None:
+    """Record `source` as the GGUF `directory` serves, when the recorded one is gone: the
+    same bytes at a new path keep their conversion out of `prune_conversions`' reach."""
+    recorded = conversion_source(directory)
+    if recorded is not None and recorded.exists():
+        return
+    marker = {"source": str(Path(source).resolve()), "transformers": transformers.__version__}
+    with contextlib.suppress(OSError):
+        tmp = directory / f".{CONVERTED_MARKER}.{os.getpid()}"
+        tmp.write_text(json.dumps(marker) + "\n")
+        os.replace(tmp, directory / CONVERTED_MARKER)
+
+
+def prune_conversions(root: Path, keep: Path) -> list[Path]:
+    """Remove the whole conversions under `root`, other than `keep`, that no load would find
+    again: their GGUF is gone (a deleted virtualenv, an older copy of the model), or its key
+    is no longer their name (other bytes now, another transformers, an older key scheme).
+    Each is a model in float32. Returns what was removed."""
+    removed = []
+    for directory in sorted(root.iterdir()) if root.is_dir() else ():
+        if directory == keep or not is_complete_conversion(directory):
+            continue
+        source = conversion_source(directory)
+        try:
+            live = source is not None and conversion_key(source) == directory.name
+        except OSError:  # gone, or unreadable
+            live = False
+        if not live:
+            shutil.rmtree(directory, ignore_errors=True)
+            removed.append(directory)
+    return removed
 
 
 def save_atomically(target: Path, write: Any, source: Path | None = None) -> bool:
@@ -238,7 +308,7 @@ def save_atomically(target: Path, write: Any, source: Path | None = None) -> boo
     try:
         write(tmp)
         marker = {
-            "source": str(source) if source else None,
+            "source": str(Path(source).resolve()) if source else None,
             "transformers": transformers.__version__,
         }
         (tmp / CONVERTED_MARKER).write_text(json.dumps(marker) + "\n")
@@ -683,6 +753,7 @@ def _load_gguf(
             raise
         except ModelError as err:
             raise ModelError(f"{err} (delete {target} to convert {path.name} again)") from None
+        claim_conversion(target, path)
         return model, tokenizer, target
     _check_gguf_architecture(path, name)
     if importlib.util.find_spec("accelerate") is None:
@@ -710,6 +781,7 @@ def _load_gguf(
     if target is not None:
         try:
             save_atomically(target, lambda tmp: _save(model, tokenizer, tmp), source=path)
+            prune_conversions(target.parent, keep=target)
         except Exception as err:  # a cache we cannot write must not fail a load that worked
             warnings.warn(
                 f"could not cache the converted {name} in {target}: {_one_line(err)}", stacklevel=3
