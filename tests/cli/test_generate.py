@@ -399,25 +399,31 @@ def test_a_dtype_for_llama_cpp_is_a_one_line_error() -> None:
     assert_user_error(proc, "dtype is a transformers option", "hf backend")
 
 
+def tiny_llama_dir(tmp_path: Path, *, vocab: int) -> Path:
+    """A one-layer random Llama with `vocab` rows and the tests' byte tokenizer (ids 0-259)."""
+    transformers = pytest.importorskip("transformers")
+    sys.path.insert(0, str(ROOT / "tests" / "models"))
+    from test_hf import byte_tokenizer
+
+    config = transformers.LlamaConfig(
+        vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
+    )  # fmt: skip
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "tiny")
+    byte_tokenizer().save_pretrained(tmp_path / "tiny")
+    return tmp_path / "tiny"
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float64"])
 def test_dtype_reaches_the_transformers_model(tmp_path: Path, dtype: str) -> None:
     """`generate --backend hf --dtype X` computes in X (issue 11: bf16 where the CPU has
     AVX512_BF16), greedy and speculative alike, and says so in --json."""
     import json
 
-    transformers = pytest.importorskip("transformers")
-    sys.path.insert(0, str(ROOT / "tests" / "models"))
-    from test_hf import byte_tokenizer
-
-    config = transformers.LlamaConfig(
-        vocab_size=260, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
-    )  # fmt: skip
-    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "tiny")
-    byte_tokenizer().save_pretrained(tmp_path / "tiny")
+    tiny = tiny_llama_dir(tmp_path, vocab=260)
     outputs = []
     for spec in ([], ["--spec"]):
-        args = ["--backend", "hf", "--model", str(tmp_path / "tiny"), "--dtype", dtype]
+        args = ["--backend", "hf", "--model", str(tiny), "--dtype", dtype]
         proc = run("generate", *args, *spec, "--json", "-n", "12", "-p", "abcabcabcabc")
         assert proc.returncode == 0, proc.stderr
         out = json.loads(proc.stdout)
@@ -431,15 +437,6 @@ def test_dtype_reaches_the_transformers_model(tmp_path: Path, dtype: str) -> Non
 def test_a_tokenizer_past_its_models_vocabulary_is_a_one_line_error(tmp_path: Path) -> None:
     """A model directory whose tokenizer emits ids its weights have no row for (here the
     BOS, 256, of a 256-row model) is a user's mismatched pair: one line, not a traceback."""
-    transformers = pytest.importorskip("transformers")
-    sys.path.insert(0, str(ROOT / "tests" / "models"))
-    from test_hf import byte_tokenizer
-
-    config = transformers.LlamaConfig(
-        vocab_size=256, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
-    )  # fmt: skip
-    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "tiny")
-    byte_tokenizer().save_pretrained(tmp_path / "tiny")
-    proc = run("generate", "--backend", "hf", "--model", str(tmp_path / "tiny"), "-p", "hi")
+    tiny = tiny_llama_dir(tmp_path, vocab=256)
+    proc = run("generate", "--backend", "hf", "--model", str(tiny), "-p", "hi")
     assert_user_error(proc, "token id 256", "does not match its weights")
