@@ -403,8 +403,10 @@ def tiny_llama_dir(tmp_path: Path, *, vocab: int) -> Path:
     """A one-layer random Llama with `vocab` rows and the tests' byte tokenizer (ids 0-259)."""
     transformers = pytest.importorskip("transformers")
     sys.path.insert(0, str(ROOT / "tests" / "models"))
+    import torch
     from test_hf import byte_tokenizer
 
+    torch.manual_seed(0)  # the same weights every run (a random draw could favour EOS)
     config = transformers.LlamaConfig(
         vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
