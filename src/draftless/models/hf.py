@@ -230,10 +230,23 @@ def file_digest(path: Path) -> str:
     memo[memo_key] = digest.hexdigest()
     with contextlib.suppress(OSError):  # a memo we cannot write costs a re-read, no more
         memo_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = memo_path.with_name(f".{DIGESTS}.{os.getpid()}")
-        tmp.write_text(json.dumps(memo) + "\n")
-        os.replace(tmp, memo_path)
+        _replace_json(memo_path, memo)
     return memo[memo_key]
+
+
+def _replace_json(path: Path, data: Any) -> None:
+    """Write `data` to `path` whole or not at all (a reader never sees half a file)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(data) + "\n")
+    os.replace(tmp, path)
+
+
+def _marker(source: Path | None) -> dict[str, Any]:
+    """What a conversion's marker records: the GGUF it serves, and the transformers."""
+    return {
+        "source": str(Path(source).resolve()) if source else None,
+        "transformers": transformers.__version__,
+    }
 
 
 def conversion_key(gguf_path: Path) -> str:
@@ -267,11 +280,8 @@ def claim_conversion(directory: Path, source: Path) -> None:
     recorded = conversion_source(directory)
     if recorded is not None and recorded.exists():
         return
-    marker = {"source": str(Path(source).resolve()), "transformers": transformers.__version__}
     with contextlib.suppress(OSError):
-        tmp = directory / f".{CONVERTED_MARKER}.{os.getpid()}"
-        tmp.write_text(json.dumps(marker) + "\n")
-        os.replace(tmp, directory / CONVERTED_MARKER)
+        _replace_json(directory / CONVERTED_MARKER, _marker(source))
 
 
 def prune_conversions(root: Path, keep: Path) -> list[Path]:
@@ -307,11 +317,7 @@ def save_atomically(target: Path, write: Any, source: Path | None = None) -> boo
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
         write(tmp)
-        marker = {
-            "source": str(Path(source).resolve()) if source else None,
-            "transformers": transformers.__version__,
-        }
-        (tmp / CONVERTED_MARKER).write_text(json.dumps(marker) + "\n")
+        (tmp / CONVERTED_MARKER).write_text(json.dumps(_marker(source)) + "\n")
         try:
             os.rename(tmp, target)
         except OSError:
