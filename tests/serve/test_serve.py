@@ -312,19 +312,63 @@ BAD = [
     ("/v1/completions", {"prompt": ["a", "b"]}, "prompt"),
     ("/v1/completions", {"prompt": "word " * 1500}, "prompt"),  # > N_CTX tokens
     ("/v1/completions", [1, 2, 3], None),
+    # JSON can carry a lone surrogate, which no tokenizer takes (it was a 500)
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "a\ud800"}]},
+        "messages.0.content",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}]},
+        "messages.0.content.0.text",
+    ),
+    ("/v1/chat/completions", {**GOOD_CHAT, "stop": ["\n", "\ud800"]}, "stop"),
+    ("/v1/chat/completions", {**GOOD_CHAT, "references": ["\ud800 doc"]}, "references"),
+    ("/v1/completions", {"prompt": "x\udc00"}, "prompt"),
+    # what the server does not do is refused, not silently ignored
+    ("/v1/chat/completions", {**GOOD_CHAT, "logprobs": True}, "logprobs"),
+    ("/v1/chat/completions", {**GOOD_CHAT, "top_logprobs": 3}, "top_logprobs"),
+    ("/v1/chat/completions", {**GOOD_CHAT, "logit_bias": {"42": 5}}, "logit_bias"),
+    ("/v1/chat/completions", {**GOOD_CHAT, "tools": [{"type": "function"}]}, "tools"),
+    ("/v1/chat/completions", {**GOOD_CHAT, "tool_choice": "required"}, "tool_choice"),
+    (
+        "/v1/chat/completions",
+        {**GOOD_CHAT, "response_format": {"type": "json_object"}},
+        "response_format",
+    ),
+    ("/v1/completions", {"prompt": "hi", "logprobs": 0}, "logprobs"),
+    ("/v1/completions", {"prompt": "hi", "echo": True}, "echo"),
+    ("/v1/completions", {"prompt": "hi", "suffix": "end"}, "suffix"),
+    ("/v1/completions", {"prompt": "hi", "best_of": 3}, "best_of"),
 ]
 
 
 @pytest.mark.parametrize(("path", "body", "param"), BAD)
 def test_bad_requests_get_a_4xx_and_the_server_keeps_serving(spec, path, body, param) -> None:
-    if isinstance(body, bytes):
-        r = httpx.post(spec.url + path, content=body, headers={"content-type": "application/json"})
-    else:
-        r = post(spec, path, body)
+    if not isinstance(body, bytes):
+        body = json.dumps(body).encode()  # ASCII: a lone surrogate goes as its escape
+    r = httpx.post(spec.url + path, content=body, headers={"content-type": "application/json"})
     err = assert_error(r)
     if param is not None:
         assert err["param"] == param
     assert complete(spec, GOOD_CHAT)["usage"]["completion_tokens"] >= 1
+
+
+def test_the_off_values_of_unsupported_fields_change_nothing(spec) -> None:
+    """Clients send these switched off; they are not refused and not used."""
+    off = {
+        "logprobs": False,
+        "top_logprobs": 0,
+        "logit_bias": {},
+        "tools": [],
+        "tool_choice": "none",
+        "response_format": {"type": "text"},
+        "best_of": 1,
+        "echo": False,
+    }
+    body = {**GOOD_CHAT, "max_tokens": 6, "temperature": 0}
+    same_answer(complete(spec, {**body, **off}), complete(spec, body))
 
 
 def test_the_openai_client_sees_bad_requests_as_such(spec) -> None:
@@ -335,6 +379,12 @@ def test_the_openai_client_sees_bad_requests_as_such(spec) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model="smollm2", prompt="word " * 1500, max_tokens=2)
     assert info.value.body["code"] == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model="smollm2", messages=CHAT, max_tokens=2, logprobs=True, top_logprobs=2
+        )
+    assert info.value.body["param"] in ("logprobs", "top_logprobs")
+    assert "log probabilities" in info.value.body["message"]
     still_serving(spec)
 
 

@@ -12,7 +12,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -49,6 +49,21 @@ def error_response(err: BaseException) -> JSONResponse:
     return JSONResponse(body, status_code=500)
 
 
+# pydantic's names for the branches of a union in an error's location ("str",
+# "list[TextPart]", "function-after[...]"): not part of the request's field path.
+_UNION_BRANCH = frozenset({"str", "int", "float", "bool", "list", "dict"})
+
+
+def _param(loc: Sequence[object]) -> str | None:
+    """The request field an error's location names: "messages.0.content"."""
+    parts = [
+        str(part)
+        for part in loc
+        if part != "body" and str(part) not in _UNION_BRANCH and "[" not in str(part)
+    ]
+    return ".".join(parts) or None
+
+
 def create_app(engine: Engine) -> FastAPI:
     model_name = engine.model.name
     metrics = engine.metrics
@@ -62,9 +77,12 @@ def create_app(engine: Engine) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        loc = [str(part) for part in first.get("loc", ()) if part != "body"]
-        param = ".".join(loc) or None
+        errors = exc.errors()
+        # A union field (a message's content: text or parts) reports every branch's error;
+        # the one our own validators raised says what is wrong.
+        first = next((e for e in errors if e.get("type") == "value_error"), None)
+        first = first or (errors[0] if errors else {})
+        param = _param(first.get("loc", ()))
         message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
         if first.get("type") == "json_invalid":
             message, param = f"malformed JSON: {first.get('ctx', {}).get('error', message)}", None

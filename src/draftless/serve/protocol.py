@@ -24,6 +24,53 @@ MAX_REFERENCE_CHARS = 1_000_000  # characters per request reference
 MAX_SEED = 2**63 - 1
 
 
+def _encodable(text: str) -> str:
+    """Text the tokenizer can take: JSON may carry a lone surrogate ("\\ud800"), which no
+    UTF-8 encoder takes (it was a 500 from deep in the tokenizer)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"text holds an unpaired surrogate (U+{ord(text[exc.start]):04X}) at character "
+            f"{exc.start}; it is not valid Unicode"
+        ) from None
+    return text
+
+
+# OpenAI fields that ask for what this server does not do. Sent, they are refused (a 400
+# naming the field) rather than ignored: a client that asks for log probabilities, a JSON
+# schema or tool calls and silently gets plain text is worse off than one told so. Their
+# "off" values (false, null, [], "none", {"type": "text"}) pass.
+UNSUPPORTED = {
+    "logprobs": "log probabilities are not returned by this server",
+    "top_logprobs": "log probabilities are not returned by this server",
+    "logit_bias": "logit_bias is not supported by this server",
+    "response_format": "structured output (response_format) is not supported by this server",
+    "tools": "tool calling is not supported by this server",
+    "functions": "function calling is not supported by this server",
+    "tool_choice": "tool calling is not supported by this server",
+    "function_call": "function calling is not supported by this server",
+    "echo": "echo is not supported by this server",
+    "suffix": "suffix (insertion) is not supported by this server",
+    "best_of": "best_of must be 1 (this server generates one choice)",
+}
+
+
+def _asks_for(name: str, value: Any) -> bool:
+    """Whether an UNSUPPORTED field's value asks for the feature."""
+    if value is None or value is False or value == [] or value == {} or value == "":
+        return False
+    if name == "tool_choice" or name == "function_call":
+        return value not in ("none", "auto")  # auto, without tools, is no tool call
+    if name == "response_format":
+        return not (isinstance(value, dict) and value.get("type") == "text")
+    if name == "best_of":
+        return value != 1
+    if name == "top_logprobs":
+        return value != 0
+    return True
+
+
 class RequestError(UsageError):
     """A request field the server cannot serve; `param` names it (OpenAI's error `param`)."""
 
@@ -67,6 +114,25 @@ class _Params(BaseModel):
     penalty_last_n: int = Field(default=64, ge=-1)
     stop_token_ids: list[int] | None = None
     references: list[str] | None = Field(default=None, max_length=MAX_REQUEST_REFERENCES)
+    # UNSUPPORTED: kept to be refused when they ask for something
+    logprobs: bool | int | None = None  # chat: a bool; completions: how many (0-5)
+    top_logprobs: int | None = None
+    logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[Any] | None = None
+    functions: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    function_call: str | dict[str, Any] | None = None
+    echo: bool | None = None
+    suffix: str | None = None
+    best_of: int | None = None
+
+    @field_validator(*UNSUPPORTED)
+    @classmethod
+    def _unsupported(cls, value: Any, info: Any) -> Any:
+        if _asks_for(info.field_name, value):
+            raise ValueError(UNSUPPORTED[info.field_name])
+        return value
 
     @field_validator("n")
     @classmethod
@@ -83,6 +149,8 @@ class _Params(BaseModel):
             raise ValueError(f"at most {MAX_STOPS} stop sequences, got {len(stops)}")
         if any(not s for s in stops):
             raise ValueError("a stop sequence must be non-empty text")
+        for text in stops:
+            _encodable(text)
         return stop
 
     @field_validator("stop_token_ids")
@@ -96,6 +164,7 @@ class _Params(BaseModel):
     @classmethod
     def _references(cls, refs: list[str] | None) -> list[str] | None:
         for i, text in enumerate(refs or []):
+            _encodable(text)
             if len(text) > MAX_REFERENCE_CHARS:
                 raise ValueError(
                     f"reference {i} is {len(text):,} characters; the limit is "
@@ -131,12 +200,22 @@ class TextPart(BaseModel):
     type: Literal["text"]
     text: str
 
+    @field_validator("text")
+    @classmethod
+    def _text(cls, text: str) -> str:
+        return _encodable(text)
+
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _content(cls, content: str | list[TextPart] | None) -> str | list[TextPart] | None:
+        return _encodable(content) if isinstance(content, str) else content
 
     def text(self) -> str:
         if self.content is None:
@@ -163,7 +242,7 @@ class CompletionRequest(_Params):
     def _one_prompt(cls, prompt: str | list[str]) -> str | list[str]:
         if isinstance(prompt, list) and len(prompt) != 1:
             raise ValueError(f"prompt must be one string, got a list of {len(prompt)}")
-        text = prompt if isinstance(prompt, str) else prompt[0]
+        text = _encodable(prompt if isinstance(prompt, str) else prompt[0])
         if not text.strip():
             raise ValueError("the prompt is empty")
         return prompt
