@@ -196,6 +196,17 @@ def test_gates_that_share_live_costs_learn_from_each_others_verifies() -> None:
     assert dear.state is GateState.OFF and blind.state is GateState.ON
 
 
+def test_a_verify_cost_follows_the_scale_past_the_costs_the_budget_keeps() -> None:
+    live = LiveCosts(TABLE, GateOptions())
+    kept = live.draft_costs(32)  # [verify_cost(d + 1)], kept while the scale holds
+    assert [live.verify_cost(d + 1) for d in range(33)] == kept
+    live.record_plain(0.010)
+    live.record_verify(8, 0.010 * 2 * TABLE.cost(8))  # verifies cost twice the table
+    assert live.scale > 1.0
+    for k in (1, 2, 9, 33, 80):  # kept widths and wider ones, at the new scale
+        assert live.verify_cost(k) == max(1.0, live.scale * TABLE.cost(k))
+
+
 def test_one_noisy_sample_cannot_flip_a_winning_gate() -> None:
     gate = CostGate(TABLE, GateOptions())
     gate.record_plain(seconds=0.01)

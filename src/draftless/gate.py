@@ -100,7 +100,12 @@ BUCKET_PRIORS = {"1": 0.5, "2": 0.6, "3-4": 0.7, "5-8": 0.8, "9-16": 0.9, "17+":
 
 def evidence_bucket(match_len: int) -> str | None:
     """The bucket of a match length; None for a draft that is not a match (0)."""
+    if 0 <= match_len < len(_BUCKET_OF):
+        return _BUCKET_OF[match_len]  # asked every step: a lookup, not a search
     return next((label for low, label in BUCKETS if match_len >= low), None)
+
+
+_BUCKET_OF = [next((label for low, label in BUCKETS if n >= low), None) for n in range(18)]
 
 
 def prior_acceptance(bucket: str | None) -> float:
@@ -156,6 +161,9 @@ class LiveCosts:
 
     def verify_cost(self, k: int) -> float:
         """Cost of a forward of k new tokens in plain-step equivalents (never below 1)."""
+        costs = self._costs
+        if 0 < k <= len(costs) and self._costs_scale == self.scale:
+            return costs[k - 1]  # draft_costs() has it at this scale
         return max(1.0, self.scale * self.table.cost(k))
 
     def draft_costs(self, max_draft: int) -> list[float]:
@@ -163,7 +171,8 @@ class LiveCosts:
         budget asks for it every step, and the table's interpolation is not free."""
         costs = self._costs
         if len(costs) <= max_draft or self._costs_scale != self.scale:
-            costs = self._costs = [self.verify_cost(d + 1) for d in range(max_draft + 1)]
+            scale, cost = self.scale, self.table.cost
+            costs = self._costs = [max(1.0, scale * cost(d + 1)) for d in range(max_draft + 1)]
             self._costs_scale = self.scale
         return costs
 

@@ -82,11 +82,17 @@ class DecodeStats:
 
     def member(self, name: str) -> MemberStats:
         """The counts of one member, created on first use."""
-        return self.members.setdefault(name, MemberStats())
+        counts = self.members.get(name)
+        if counts is None:  # not setdefault: it would build a MemberStats every step
+            counts = self.members[name] = MemberStats()
+        return counts
 
     def evidence_of(self, gate: str) -> MemberStats:
         """The counts of one gate (member/bucket), created on first use."""
-        return self.evidence.setdefault(gate, MemberStats())
+        counts = self.evidence.get(gate)
+        if counts is None:
+            counts = self.evidence[gate] = MemberStats()
+        return counts
 
     def copy(self) -> DecodeStats:
         return self._combine(DecodeStats(), 1)

@@ -263,7 +263,34 @@ def test_bad_committed_tokens_raise() -> None:
     index = SpeculationIndex(VOCAB)
     with pytest.raises(ValueError, match=rf"committed token id {VOCAB} at position 0"):
         index.observe([VOCAB])
+    with pytest.raises(ValueError, match="committed token id -1 at position 1"):
+        index.observe([3, -1])
+    with pytest.raises(ValueError, match="must be integers"):
+        index.observe([True])
     assert index.conversation.n_tokens == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(sessions())
+def test_a_steps_few_ids_index_as_an_array_does(
+    session: tuple[list[list[int]], list[list[int]], list[int]],
+) -> None:
+    """observe() takes a decoder step's short list of ints through a reused buffer; the
+    indexes it feeds (conversation, references, recycling) end where an array leaves them."""
+    refs, chunks, budgets = session
+    as_list, as_array = SpeculationIndex(VOCAB), SpeculationIndex(VOCAB)
+    for index in (as_list, as_array):
+        for ref in refs:
+            index.add_reference(ref)
+    for chunk, budget in zip(chunks, budgets, strict=True):
+        as_list.observe(list(chunk))
+        as_array.observe(np.array(chunk, dtype=np.int64))
+        assert as_list.propose(budget) == as_array.propose(budget)
+        assert as_list.recycling is not None and as_array.recycling is not None
+        assert as_list.recycling.last_token == as_array.recycling.last_token
+        for token in set(chunk):
+            assert (as_list.recycling.row(token) == as_array.recycling.row(token)).all()
+    assert as_list.conversation.n_tokens == sum(map(len, chunks))
 
 
 def test_out_of_memory_degrades_to_no_conversation_drafts(monkeypatch: pytest.MonkeyPatch) -> None:

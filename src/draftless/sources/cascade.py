@@ -34,6 +34,7 @@ __all__ = ["CascadeOptions", "SpeculationIndex"]
 
 CONVERSATION = "conversation"
 RECYCLING = "recycling"
+_FEW = 8  # committed ids a step's observe() passes through a reused buffer
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +92,7 @@ class SpeculationIndex:
         self._conversation = SamIndex()
         self._references: list[_Reference] = []
         self._recycling = Recycling(vocab_size) if recycling else None
+        self._few = np.empty(_FEW, dtype=np.int32)  # [_FEW] a decoder step's ids (observe)
         for ref in references:
             self.add_reference(ref)
 
@@ -131,7 +133,9 @@ class SpeculationIndex:
 
     def observe(self, committed: Sequence[int] | np.ndarray) -> None:
         """Feeds committed tokens to every member."""
-        tokens = as_token_array(committed, limit=self.vocab_size, what="committed token")
+        tokens = self._step_ids(committed)
+        if tokens is None:
+            tokens = as_token_array(committed, limit=self.vocab_size, what="committed token")
         if tokens.shape[0] == 0:
             return
         try:
@@ -146,6 +150,21 @@ class SpeculationIndex:
             ref.cursor._advance_array(tokens)
         if self._recycling is not None:
             self._recycling._observe_array(tokens)
+
+    def _step_ids(self, committed: Sequence[int] | np.ndarray) -> np.ndarray | None:
+        """A decoder step's few committed ids (a list of in-range Python ints) in a buffer the
+        members read and never keep; None for anything else, which as_token_array checks.
+        Right after a forward has streamed the weights through every cache, a fresh array
+        from a list costs ~10 us (benchmarks/step_overhead.py)."""
+        if type(committed) is not list or not 0 < len(committed) <= _FEW:
+            return None
+        vocab = self.vocab_size
+        if not all(type(t) is int and 0 <= t < vocab for t in committed):
+            return None
+        few = self._few
+        for i, t in enumerate(committed):
+            few[i] = t
+        return few[: len(committed)]
 
     def observe_topk(self, token_ids: Sequence[int] | np.ndarray, topk_ids: np.ndarray) -> None:
         """Top-K rows of the verify forward, for recycling (ignored without it)."""
