@@ -160,11 +160,13 @@ def generate_text(
     stop_sequences: Sequence[str] = (),
     emit: Callable[[str], None] | None = None,
     interrupt: Callable[[], bool] | None = None,
+    on_token: Callable[[int], None] | None = None,
 ) -> TextRun:
     """Decode, detokenize and stop at a stop id, a text stop sequence, max_new_tokens or
     the end of the context; `emit` gets the text as it becomes safe to show (never the
     start of a stop sequence). `interrupt()` is polled between steps: True ends the run
-    there ("interrupted").
+    there ("interrupted"). `on_token(n)` is told each time the run takes its n-th token,
+    before that token's text (if any) is emitted.
 
     Text stops are checked token by token, so the run ends at the token where plain decoding
     ends, also when a verify accepted tokens past it: those are left out of the output. (The
@@ -184,6 +186,8 @@ def generate_text(
     for chunk in dec.stream(max_new_tokens, stop_ids):
         for t in chunk:
             out.append(t)
+            if on_token is not None:
+                on_token(len(out))
             if t in stop_ids:
                 reason = "stop"
                 break

@@ -327,8 +327,11 @@ BAD = [
     ("/v1/chat/completions", {**GOOD_CHAT, "references": ["\ud800 doc"]}, "references"),
     ("/v1/completions", {"prompt": "x\udc00"}, "prompt"),
     # what the server does not do is refused, not silently ignored
-    ("/v1/chat/completions", {**GOOD_CHAT, "logprobs": True}, "logprobs"),
-    ("/v1/chat/completions", {**GOOD_CHAT, "top_logprobs": 3}, "top_logprobs"),
+    ("/v1/chat/completions", {**GOOD_CHAT, "logprobs": 2}, "logprobs"),
+    ("/v1/chat/completions", {**GOOD_CHAT, "top_logprobs": 3}, "top_logprobs"),  # no logprobs
+    ("/v1/chat/completions", {**GOOD_CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ("/v1/completions", {"prompt": "hi", "logprobs": True}, "logprobs"),
+    ("/v1/completions", {"prompt": "hi", "logprobs": 21}, "logprobs"),
     ("/v1/chat/completions", {**GOOD_CHAT, "logit_bias": {"42": 5}}, "logit_bias"),
     ("/v1/chat/completions", {**GOOD_CHAT, "tools": [{"type": "function"}]}, "tools"),
     ("/v1/chat/completions", {**GOOD_CHAT, "tool_choice": "required"}, "tool_choice"),
@@ -337,7 +340,6 @@ BAD = [
         {**GOOD_CHAT, "response_format": {"type": "json_object"}},
         "response_format",
     ),
-    ("/v1/completions", {"prompt": "hi", "logprobs": 0}, "logprobs"),
     ("/v1/completions", {"prompt": "hi", "echo": True}, "echo"),
     ("/v1/completions", {"prompt": "hi", "suffix": "end"}, "suffix"),
     ("/v1/completions", {"prompt": "hi", "best_of": 3}, "best_of"),
@@ -353,6 +355,64 @@ def test_bad_requests_get_a_4xx_and_the_server_keeps_serving(spec, path, body, p
     if param is not None:
         assert err["param"] == param
     assert complete(spec, GOOD_CHAT)["usage"]["completion_tokens"] >= 1
+
+
+# -- log probabilities -----------------------------------------------------------------------
+def _chat_logprobs(server: ServerThread, body: dict[str, Any]) -> tuple[str, list[Any]]:
+    """(text, logprobs.content) of a chat request, whole and streamed; asserts they agree."""
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    whole = client.chat.completions.create(model="smollm2", **body)
+    choice = whole.choices[0]
+    assert choice.logprobs is not None and choice.logprobs.content is not None
+    entries = [e.model_dump() for e in choice.logprobs.content]
+    text, streamed = "", []
+    for chunk in client.chat.completions.create(model="smollm2", stream=True, **body):
+        if chunk.choices and chunk.choices[0].logprobs and chunk.choices[0].logprobs.content:
+            streamed += [e.model_dump() for e in chunk.choices[0].logprobs.content]
+        if chunk.choices and chunk.choices[0].delta.content:
+            text += chunk.choices[0].delta.content
+    assert text == choice.message.content
+    assert streamed == entries
+    return text, entries
+
+
+@pytest.mark.parametrize("seed", [None, 7])
+def test_logprobs_equal_no_specs_and_a_stream_carries_them_all(spec, plain, seed) -> None:
+    """Each committed token's log probability comes from the row it was sampled from; with
+    speculation those are plain decoding's rows, so the numbers are the same."""
+    body: dict[str, Any] = {"messages": CHAT, "max_tokens": 24, "logprobs": True}
+    body |= {"top_logprobs": 3, "temperature": 0} if seed is None else {"seed": seed}
+    text, entries = _chat_logprobs(spec, body)
+    assert (text, entries) == _chat_logprobs(plain, body)
+    assert 1 <= len(entries) <= 24  # the end-of-turn token that stopped it has no text
+    for e in entries:
+        assert e["logprob"] <= 0.0
+        alts = [t["logprob"] for t in e["top_logprobs"]]
+        assert alts == sorted(alts, reverse=True) and len(alts) == (3 if seed is None else 0)
+        if seed is None:  # greedy: the chosen token is the best
+            assert e["top_logprobs"][0]["token"] == e["token"]
+            assert e["top_logprobs"][0]["logprob"] == e["logprob"]
+    if all(e["bytes"] is not None for e in entries):
+        assert "".join(e["token"] for e in entries) == text
+
+
+def test_completion_logprobs_line_up_with_the_text(spec, plain) -> None:
+    body = {"prompt": "def add(a, b):", "max_tokens": 16, "temperature": 0, "logprobs": 2}
+    whole = complete(spec, body)
+    assert whole["choices"][0]["logprobs"] == complete(plain, body)["choices"][0]["logprobs"]
+    lp, text = whole["choices"][0]["logprobs"], whole["choices"][0]["text"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["text_offset"]) >= 1
+    assert "".join(lp["tokens"]) == text
+    assert lp["text_offset"] == [len("".join(lp["tokens"][:i])) for i in range(len(lp["tokens"]))]
+    assert all(len(alts) <= 2 for alts in lp["top_logprobs"])
+    r = post(spec, "/v1/completions", {**body, "stream": True})
+    streamed: dict[str, list[Any]] = {key: [] for key in lp}
+    for line in r.text.splitlines():
+        if line.startswith("data: {"):
+            chunk_lp = json.loads(line[len("data: ") :])["choices"][0]["logprobs"]
+            for key in streamed:
+                streamed[key] += (chunk_lp or {}).get(key, [])
+    assert streamed == lp
 
 
 def test_the_off_values_of_unsupported_fields_change_nothing(spec) -> None:
@@ -381,10 +441,10 @@ def test_the_openai_client_sees_bad_requests_as_such(spec) -> None:
     assert info.value.body["code"] == "context_length_exceeded"
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(
-            model="smollm2", messages=CHAT, max_tokens=2, logprobs=True, top_logprobs=2
+            model="smollm2", messages=CHAT, max_tokens=2, response_format={"type": "json_object"}
         )
-    assert info.value.body["param"] in ("logprobs", "top_logprobs")
-    assert "log probabilities" in info.value.body["message"]
+    assert info.value.body["param"] == "response_format"
+    assert "not supported" in info.value.body["message"]
     still_serving(spec)
 
 

@@ -26,7 +26,15 @@ from starlette.exceptions import HTTPException
 from draftless.errors import UserError
 from draftless.sampling import OptionsError
 from draftless.serve import protocol as wire
-from draftless.serve.engine import Cancelled, Engine, Finished, Job, ServerClosing, Started
+from draftless.serve.engine import (
+    Cancelled,
+    Engine,
+    Finished,
+    Job,
+    Piece,
+    ServerClosing,
+    Started,
+)
 
 log = logging.getLogger("draftless.serve")
 DISCONNECT_POLL = 0.25  # seconds between checks that a waiting client is still there
@@ -165,11 +173,10 @@ def create_app(engine: Engine) -> FastAPI:
 
     def whole(params: wire.ChatRequest | wire.CompletionRequest, f: Finished) -> dict[str, Any]:
         use = wire.usage(f.prompt_tokens, f.completion_tokens)
+        args = (model_name, f.text, f.finish_reason, use, f.stats, f.logprobs)
         if isinstance(params, wire.ChatRequest):
-            rid = wire.new_id("chatcmpl")
-            return wire.chat_response(rid, model_name, f.text, f.finish_reason, use, f.stats)
-        rid = wire.new_id("cmpl")
-        return wire.completion_response(rid, model_name, f.text, f.finish_reason, use, f.stats)
+            return wire.chat_response(wire.new_id("chatcmpl"), *args)
+        return wire.completion_response(wire.new_id("cmpl"), *args)
 
     async def events(
         job: Job,
@@ -179,12 +186,14 @@ def create_app(engine: Engine) -> FastAPI:
         is_chat = isinstance(params, wire.ChatRequest)
         rid = wire.new_id("chatcmpl" if is_chat else "cmpl")
 
-        def chunk(text: str, finish: str | None = None, extra: Any = None) -> dict[str, str]:
+        def chunk(
+            text: str, finish: str | None = None, extra: Any = None, logprobs: Any = None
+        ) -> dict[str, str]:
             if is_chat:
                 delta = {"content": text} if finish is None else {}
-                body = wire.chat_chunk(rid, model_name, delta, finish, extra)
+                body = wire.chat_chunk(rid, model_name, delta, finish, extra, logprobs)
             else:
-                body = wire.completion_chunk(rid, model_name, text, finish, extra)
+                body = wire.completion_chunk(rid, model_name, text, finish, extra, logprobs)
             return {"data": json.dumps(body, ensure_ascii=False)}
 
         done = False
@@ -196,9 +205,12 @@ def create_app(engine: Engine) -> FastAPI:
                 item = await job.channel.get()
                 if isinstance(item, str):
                     yield chunk(item)
+                elif isinstance(item, Piece):
+                    yield chunk(item.text, logprobs=item.logprobs)
                 elif isinstance(item, Finished):
                     use = wire.usage(item.prompt_tokens, item.completion_tokens)
-                    yield chunk("", item.finish_reason, {"usage": use, "draftless": item.stats})
+                    extra = {"usage": use, "draftless": item.stats}
+                    yield chunk("", item.finish_reason, extra, item.logprobs)
                     yield {"data": "[DONE]"}
                     done = True
                     metrics.latency.observe(time.perf_counter() - job.arrived)

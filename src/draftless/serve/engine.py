@@ -6,7 +6,8 @@ awaits what the worker sends on the job's channel (an asyncio.Queue fed through
 `loop.call_soon_threadsafe`, the one thread-safe way into an event loop):
 
     Started(prompt_tokens, reused_tokens)   the prompt is in the cache
-    "text", "text", ...                      streamed pieces (streaming requests only)
+    "text", "text", ...                      streamed pieces (streaming requests only;
+                                             Piece(text, logprobs) when they asked for those)
     Finished(...)                            the end, with usage and speculation stats
     an exception                             instead of any of these (the request's error)
 
@@ -34,8 +35,10 @@ from typing import Any
 
 from draftless.decoder import SpecOptions, SpeculativeDecoder
 from draftless.errors import UserError
+from draftless.logprobs import LogprobRecorder, TokenLogprob
 from draftless.metrics import MemberStats
-from draftless.models.base import ContextFull, Model
+from draftless.models.base import ContextFull, Model, Tokenizer
+from draftless.serve import protocol as wire
 from draftless.serve.history import DEFAULT_INDEX_BUDGET, RequestHistory
 from draftless.serve.metrics import Metrics
 from draftless.serve.protocol import ChatRequest, CompletionRequest, RequestError
@@ -52,12 +55,23 @@ class Started:
 
 
 @dataclass(frozen=True, slots=True)
+class Piece:
+    """Streamed text with the log probabilities of the tokens taken since the last piece."""
+
+    text: str
+    logprobs: dict[str, Any]  # the chunk's choice `logprobs`, in the endpoint's shape
+
+
+@dataclass(frozen=True, slots=True)
 class Finished:
     text: str
     finish_reason: str  # OpenAI's: "stop" (eos, stop id or stop text) or "length"
     prompt_tokens: int
     completion_tokens: int  # the stop token included, as llama.cpp counts
     stats: dict[str, Any]  # the response's `draftless` object
+    # the choice's `logprobs` (a stream's last chunk: of the tokens not sent yet); None
+    # when the request did not ask for them
+    logprobs: dict[str, Any] | None = None
 
 
 class Cancelled(Exception):
@@ -206,19 +220,27 @@ class Engine:
         room = self.n_ctx - (len(ids) - 1) if self.n_ctx is not None else NO_LIMIT
         limit = min(p.token_limit or room, room)  # never a forward past the context's end
         shown: list[str] = []
+        top = p.logprob_top
+        logprobs = None if top is None else _Logprobs(p, LogprobRecorder(dec, top), tok, len(ids))
 
         def emit(piece: str) -> None:  # called between decoder steps, with safe text
             if job.cancelled.is_set():
                 raise Cancelled("the client went away")
             shown.append(piece)
             if job.stream:
-                job.send(piece)
+                job.send(piece if logprobs is None else Piece(piece, logprobs.next()))
 
         eos = model.eos_token_ids | stop_ids
         t0 = time.perf_counter()
         try:
             run = generate_text(
-                dec, limit, eos, p.stop_sequences, emit, interrupt=job.cancelled.is_set
+                dec,
+                limit,
+                eos,
+                p.stop_sequences,
+                emit,
+                interrupt=job.cancelled.is_set,
+                on_token=None if logprobs is None else logprobs.took,
             )
             if run.stop_reason == "interrupted":  # polled between steps, shown text or not
                 raise Cancelled("the client went away")
@@ -234,6 +256,9 @@ class Engine:
             done = "".join(shown)
             if job.stream and text.startswith(done) and len(text) > len(done):
                 job.send(text[len(done) :])
+        finally:
+            if logprobs is not None:
+                logprobs.recorder.close()
         seconds = time.perf_counter() - t0
         if self.spec:
             self.history.add([*ids, *tokens])
@@ -242,7 +267,12 @@ class Engine:
         stats = self._stats(reason, len(ids), reused, len(tokens), times, names)
         self._record(len(ids), reused, len(tokens))
         finish = "length" if reason in ("length", "context") else "stop"
-        return Finished(text, finish, len(ids), len(tokens), stats)
+        # a stop id ends the run but is no text: it has no log probability to show
+        shown_tokens = len(tokens) - (reason == "stop")
+        rest = None
+        if logprobs is not None:
+            rest = logprobs.next(shown_tokens, whole=not job.stream)
+        return Finished(text, finish, len(ids), len(tokens), stats, rest)
 
     def _source(self, texts: Sequence[str]) -> tuple[Any, list[str]]:
         """A fresh SpeculationIndex with the server's references, the cross-request history
@@ -310,3 +340,43 @@ class Engine:
         m.record_decode(s.drafted, s.accepted, s.steps, s.verify_steps)
         m.index_bytes.set(self.history.charged_bytes)
         m.index_tokens.set(self.history.n_tokens)
+
+
+class _Logprobs:
+    """A request's log probabilities, handed out in the endpoint's shape as the text goes:
+    each streamed piece carries the tokens taken since the last one."""
+
+    def __init__(
+        self,
+        params: ChatRequest | CompletionRequest,
+        recorder: LogprobRecorder,
+        tokenizer: Tokenizer,
+        start: int,
+    ) -> None:
+        self.chat = isinstance(params, ChatRequest)
+        self.recorder = recorder
+        self.tokenizer = tokenizer
+        self.start = start  # the first generated token's position in the decoder's history
+        self.taken = 0  # tokens the text has taken so far
+        self.sent = 0  # tokens whose log probabilities went out
+        self.offset = 0  # characters of the completion before the next token (completions)
+
+    def took(self, n: int) -> None:
+        self.taken = n
+
+    def next(self, upto: int | None = None, *, whole: bool = False) -> dict[str, Any]:
+        """The shape for the tokens taken since the last call (up to `upto`); `whole`: all
+        of them, from the first."""
+        end = self.taken if upto is None else upto
+        first = 0 if whole else self.sent
+        entries = self.recorder.entries(self.start + first, self.start + end) if end > first else []
+        self.sent = max(self.sent, end)
+        return self._shape(entries, whole)
+
+    def _shape(self, entries: list[TokenLogprob], whole: bool) -> dict[str, Any]:
+        if self.chat:
+            return wire.chat_logprobs(entries, self.tokenizer)
+        body = wire.completion_logprobs(entries, self.tokenizer, 0 if whole else self.offset)
+        if not whole and entries:
+            self.offset = body["text_offset"][-1] + len(body["tokens"][-1])
+        return body

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from draftless.errors import UsageError
+from draftless.logprobs import MAX_TOP, TokenLogprob
+from draftless.models.base import Tokenizer
 from draftless.sampling import SamplingOptions
 
 MAX_STOPS = 16  # stop sequences per request
@@ -42,8 +45,6 @@ def _encodable(text: str) -> str:
 # schema or tool calls and silently gets plain text is worse off than one told so. Their
 # "off" values (false, null, [], "none", {"type": "text"}) pass.
 UNSUPPORTED = {
-    "logprobs": "log probabilities are not returned by this server",
-    "top_logprobs": "log probabilities are not returned by this server",
     "logit_bias": "logit_bias is not supported by this server",
     "response_format": "structured output (response_format) is not supported by this server",
     "tools": "tool calling is not supported by this server",
@@ -66,8 +67,6 @@ def _asks_for(name: str, value: Any) -> bool:
         return not (isinstance(value, dict) and value.get("type") == "text")
     if name == "best_of":
         return value != 1
-    if name == "top_logprobs":
-        return value != 0
     return True
 
 
@@ -114,9 +113,11 @@ class _Params(BaseModel):
     penalty_last_n: int = Field(default=64, ge=-1)
     stop_token_ids: list[int] | None = None
     references: list[str] | None = Field(default=None, max_length=MAX_REQUEST_REFERENCES)
+    # log probabilities: chat's `logprobs: true` and `top_logprobs` (0-20); completions'
+    # `logprobs: N` (the alternatives per token, 0-20). See `logprob_top`.
+    logprobs: bool | int | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP)
     # UNSUPPORTED: kept to be refused when they ask for something
-    logprobs: bool | int | None = None  # chat: a bool; completions: how many (0-5)
-    top_logprobs: int | None = None
     logit_bias: dict[str, float] | None = None
     response_format: dict[str, Any] | None = None
     tools: list[Any] | None = None
@@ -228,6 +229,25 @@ class ChatMessage(BaseModel):
 class ChatRequest(_Params):
     messages: list[ChatMessage] = Field(min_length=1)
 
+    @field_validator("logprobs")
+    @classmethod
+    def _chat_logprobs(cls, value: bool | int | None) -> bool | int | None:
+        if value is not None and not isinstance(value, bool):
+            raise ValueError("logprobs is true or false on /v1/chat/completions")
+        return value
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_needs_logprobs(cls, top: int | None, info: ValidationInfo) -> int | None:
+        if top and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs: true")
+        return top
+
+    @property
+    def logprob_top(self) -> int | None:
+        """Alternatives to report per token; None: no log probabilities asked for."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
     def chat(self) -> list[dict[str, str]]:
         """The messages as the chat template wants them ("developer" is OpenAI's "system")."""
         role = {"developer": "system"}
@@ -236,6 +256,20 @@ class ChatRequest(_Params):
 
 class CompletionRequest(_Params):
     prompt: str | list[str]
+
+    @field_validator("logprobs")
+    @classmethod
+    def _completion_logprobs(cls, value: bool | int | None) -> bool | int | None:
+        if value is False or value is None:
+            return None
+        if isinstance(value, bool) or not 0 <= value <= MAX_TOP:
+            raise ValueError(f"logprobs is a count in [0, {MAX_TOP}] on /v1/completions")
+        return value
+
+    @property
+    def logprob_top(self) -> int | None:
+        """Alternatives to report per token; None: no log probabilities asked for."""
+        return None if self.logprobs is None else int(self.logprobs)
 
     @field_validator("prompt")
     @classmethod
@@ -252,6 +286,53 @@ class CompletionRequest(_Params):
 
 
 # -- responses --------------------------------------------------------------------------
+def _token(tokenizer: Tokenizer, token_id: int) -> tuple[str, list[int] | None]:
+    """A token's text and its UTF-8 bytes (None where the token is part of a character,
+    which its text alone cannot carry)."""
+    text = tokenizer.decode([token_id], skip_special=False)
+    return text, None if "\ufffd" in text else list(text.encode("utf-8"))
+
+
+def chat_logprobs(entries: Sequence[TokenLogprob], tokenizer: Tokenizer) -> dict[str, Any]:
+    """A chat choice's `logprobs`: {"content": [{token, logprob, bytes, top_logprobs}]}."""
+    content = []
+    for e in entries:
+        text, raw = _token(tokenizer, e.token_id)
+        top = []
+        for token_id, logprob in e.top:
+            alt, alt_raw = _token(tokenizer, token_id)
+            top.append({"token": alt, "logprob": logprob, "bytes": alt_raw})
+        content.append({"token": text, "logprob": e.logprob, "bytes": raw, "top_logprobs": top})
+    return {"content": content, "refusal": None}
+
+
+def completion_logprobs(
+    entries: Sequence[TokenLogprob], tokenizer: Tokenizer, offset: int = 0
+) -> dict[str, Any]:
+    """A completion choice's `logprobs` (the legacy shape): tokens, token_logprobs,
+    top_logprobs ({text: logprob}, the likelier kept where two decode alike) and
+    text_offset (where each token's text starts in the completion, from `offset`)."""
+    tokens: list[str] = []
+    offsets: list[int] = []
+    for e in entries:
+        offsets.append(offset)
+        text = _token(tokenizer, e.token_id)[0]
+        tokens.append(text)
+        offset += len(text)
+    tops = []
+    for e in entries:
+        alts: dict[str, float] = {}
+        for token_id, logprob in e.top:
+            alts.setdefault(_token(tokenizer, token_id)[0], logprob)
+        tops.append(alts)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [e.logprob for e in entries],
+        "top_logprobs": tops,
+        "text_offset": offsets,
+    }
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
@@ -265,7 +346,13 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 def chat_response(
-    rid: str, model: str, text: str, finish: str, use: dict[str, int], stats: dict[str, Any]
+    rid: str,
+    model: str,
+    text: str,
+    finish: str,
+    use: dict[str, int],
+    stats: dict[str, Any],
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     return {
         "id": rid,
@@ -277,7 +364,7 @@ def chat_response(
                 "index": 0,
                 "message": {"role": "assistant", "content": text},
                 "finish_reason": finish,
-                "logprobs": None,
+                "logprobs": logprobs,
             }
         ],
         "usage": use,
@@ -286,14 +373,20 @@ def chat_response(
 
 
 def completion_response(
-    rid: str, model: str, text: str, finish: str, use: dict[str, int], stats: dict[str, Any]
+    rid: str,
+    model: str,
+    text: str,
+    finish: str,
+    use: dict[str, int],
+    stats: dict[str, Any],
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     return {
         "id": rid,
         "object": "text_completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
+        "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}],
         "usage": use,
         "draftless": stats,
     }
@@ -305,25 +398,31 @@ def chat_chunk(
     delta: dict[str, str],
     finish: str | None = None,
     extra: dict[str, Any] | None = None,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": rid,
         "object": "chat.completion.chunk",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}],
     }
     return body | (extra or {})
 
 
 def completion_chunk(
-    rid: str, model: str, text: str, finish: str | None = None, extra: dict[str, Any] | None = None
+    rid: str,
+    model: str,
+    text: str,
+    finish: str | None = None,
+    extra: dict[str, Any] | None = None,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": rid,
         "object": "text_completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
+        "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}],
     }
     return body | (extra or {})
