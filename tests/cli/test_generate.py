@@ -80,6 +80,8 @@ def test_unknown_backend_is_refused_by_the_parser() -> None:
         (["--max-new-tokens", "0"], "max-new-tokens"),
         (["--spec", "--max-draft", "0"], "max_draft"),
         (["--stop", ""], "--stop needs non-empty text"),
+        (["--logprobs", "2"], "--logprobs needs --json"),
+        (["--json", "--logprobs", "21"], "--logprobs needs --json and a count in [0, 20]"),
     ],
 )
 def test_invalid_options(flags: list[str], fragment: str) -> None:
@@ -192,6 +194,21 @@ def test_generate_json_reports_text_and_speculation_stats(tmp_path: Path) -> Non
 
 @pytest.mark.slow
 @SMOLLM2
+def test_logprobs_are_the_same_with_spec_and_name_each_new_token() -> None:
+    import json
+
+    prompt = "Repeat exactly: Tea is grown on hills. It is picked by hand. It is dried in sun."
+    args = ["generate", "--json", "--chat", "-n", "30", "--logprobs", "2", "--prompt", prompt]
+    plain = json.loads(run(*args).stdout)
+    spec = json.loads(run(*args, "--spec", "--no-gate").stdout)
+    assert spec["spec"]["accepted"] > 0
+    assert spec["logprobs"] == plain["logprobs"]
+    assert [e["token_id"] for e in plain["logprobs"]] == plain["token_ids"]
+    for e in plain["logprobs"]:
+        assert e["logprob"] <= 0 and len(e["top"]) == 2
+        assert e["top"][0][0] == e["token_id"] and e["top"][0][2] == e["logprob"]  # greedy
+
+
 def test_a_text_stop_ends_speculative_output_where_plain_ends() -> None:
     import json
 

@@ -29,6 +29,7 @@ from draftless.cli.common import (
     write,
 )
 from draftless.decoder import SpeculativeDecoder
+from draftless.logprobs import MAX_TOP, LogprobRecorder
 from draftless.text import encode_prompt, generate_text
 
 
@@ -41,6 +42,13 @@ def register(subparsers: Any) -> None:
     g.add_argument("--system", help="system message (with --chat)")
     g.add_argument("--max-new-tokens", "-n", type=int, default=128)
     g.add_argument("--json", action="store_true", help="print one JSON object")
+    g.add_argument(
+        "--logprobs",
+        type=int,
+        metavar="N",
+        help="with --json: each new token's log probability and the N likeliest alternatives "
+        f"(0-{MAX_TOP}; the model's raw distribution, the same with --spec as without)",
+    )
     add_stop_options(g, what="the output", spec_safe=True)
     add_sampling_options(g)
     add_spec_options(g)
@@ -58,6 +66,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         text = read_text_file(args.prompt_file, what)
     if not text.strip():
         raise UsageError("the prompt is empty")
+    if args.logprobs is not None and not (args.json and 0 <= args.logprobs <= MAX_TOP):
+        raise UsageError(f"--logprobs needs --json and a count in [0, {MAX_TOP}]")
     system = checked_text(args.system, "--system") if args.system is not None else None
     sampling = sampling_from(args)
     sequences = stop_texts(args)
@@ -68,6 +78,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         source = make_source(model, args.spec_ref) if args.spec else None
         dec = SpeculativeDecoder(model, sampling=sampling, source=source, options=spec)
         dec.append(ids)
+        recorder = None if args.logprobs is None else LogprobRecorder(dec, args.logprobs)
         print_notes(notes)  # the checks that needed the model passed
         emit = None if args.json else write
         run = generate_text(dec, args.max_new_tokens, stops, sequences, emit)
@@ -98,6 +109,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
             }
             if args.spec:
                 payload["spec"] = dec.stats.to_json()
+            if recorder is not None:
+                piece = model.tokenizer.decode
+                payload["logprobs"] = [
+                    {
+                        "token_id": e.token_id,
+                        "token": piece([e.token_id]),
+                        "logprob": e.logprob,
+                        "top": [[i, piece([i]), lp] for i, lp in e.top],
+                    }
+                    for e in recorder.entries(len(ids), len(ids) + len(out))
+                ]
             print(json.dumps(payload, ensure_ascii=False))
         else:
             rate = len(out) / seconds if seconds > 0 else float("nan")
