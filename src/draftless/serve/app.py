@@ -173,10 +173,11 @@ def create_app(engine: Engine) -> FastAPI:
 
     def whole(params: wire.ChatRequest | wire.CompletionRequest, f: Finished) -> dict[str, Any]:
         use = wire.usage(f.prompt_tokens, f.completion_tokens)
-        args = (model_name, f.text, f.finish_reason, use, f.stats, f.logprobs)
-        if isinstance(params, wire.ChatRequest):
-            return wire.chat_response(wire.new_id("chatcmpl"), *args)
-        return wire.completion_response(wire.new_id("cmpl"), *args)
+        chat = isinstance(params, wire.ChatRequest)
+        rid = wire.new_id("chatcmpl" if chat else "cmpl")
+        return wire.response(
+            chat, rid, model_name, f.text, f.finish_reason, use, f.stats, f.logprobs
+        )
 
     async def events(
         job: Job,
@@ -187,20 +188,15 @@ def create_app(engine: Engine) -> FastAPI:
         rid = wire.new_id("chatcmpl" if is_chat else "cmpl")
 
         def chunk(
-            text: str, finish: str | None = None, extra: Any = None, logprobs: Any = None
+            text: str | None, finish: str | None = None, extra: Any = None, logprobs: Any = None
         ) -> dict[str, str]:
-            if is_chat:
-                delta = {"content": text} if finish is None else {}
-                body = wire.chat_chunk(rid, model_name, delta, finish, extra, logprobs)
-            else:
-                body = wire.completion_chunk(rid, model_name, text, finish, extra, logprobs)
+            body = wire.chunk(is_chat, rid, model_name, text, finish, extra, logprobs)
             return {"data": json.dumps(body, ensure_ascii=False)}
 
         done = False
         try:
             if is_chat:
-                first = wire.chat_chunk(rid, model_name, {"role": "assistant", "content": ""})
-                yield {"data": json.dumps(first)}
+                yield chunk(None)  # the role, before any text
             while True:
                 item = await job.channel.get()
                 if isinstance(item, str):

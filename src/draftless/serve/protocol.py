@@ -345,7 +345,18 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
-def chat_response(
+def _body(kind: str, rid: str, model: str, choice: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "object": kind,
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, **choice}],
+    }
+
+
+def response(
+    chat: bool,
     rid: str,
     model: str,
     text: str,
@@ -354,75 +365,30 @@ def chat_response(
     stats: dict[str, Any],
     logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    return {
-        "id": rid,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "finish_reason": finish,
-                "logprobs": logprobs,
-            }
-        ],
-        "usage": use,
-        "draftless": stats,
-    }
+    """A whole chat completion (`chat`) or text completion."""
+    content = {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
+    choice = content | {"finish_reason": finish, "logprobs": logprobs}
+    kind = "chat.completion" if chat else "text_completion"
+    return _body(kind, rid, model, choice) | {"usage": use, "draftless": stats}
 
 
-def completion_response(
+def chunk(
+    chat: bool,
     rid: str,
     model: str,
-    text: str,
-    finish: str,
-    use: dict[str, int],
-    stats: dict[str, Any],
-    logprobs: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    return {
-        "id": rid,
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}],
-        "usage": use,
-        "draftless": stats,
-    }
-
-
-def chat_chunk(
-    rid: str,
-    model: str,
-    delta: dict[str, str],
+    text: str | None,
     finish: str | None = None,
     extra: dict[str, Any] | None = None,
     logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "id": rid,
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}],
-    }
-    return body | (extra or {})
-
-
-def completion_chunk(
-    rid: str,
-    model: str,
-    text: str,
-    finish: str | None = None,
-    extra: dict[str, Any] | None = None,
-    logprobs: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "id": rid,
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}],
-    }
-    return body | (extra or {})
+    """A streamed piece of either: `text` (None: a chat's first chunk, which names the role;
+    a chat's last, with `finish`, has an empty delta)."""
+    if not chat:
+        content: dict[str, Any] = {"text": text or ""}
+    elif text is None:
+        content = {"delta": {"role": "assistant", "content": ""}}
+    else:
+        content = {"delta": {"content": text} if finish is None else {}}
+    choice = content | {"finish_reason": finish, "logprobs": logprobs}
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    return _body(kind, rid, model, choice) | (extra or {})
