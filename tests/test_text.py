@@ -121,6 +121,31 @@ def test_a_stop_id_ends_the_run_and_is_left_out_of_the_text() -> None:
         assert r.text == full.text[:first]
 
 
+def test_on_token_counts_the_tokens_taken_as_text_before_their_text_shows() -> None:
+    """The server streams each token's log probability with the text that follows it: a
+    count that ran ahead of the text, or took a stop id (no text) in, would misplace them."""
+    full, _ = run()
+    stop_id = full.token_ids[12]
+    stop_text = full.text[30:32]
+    for stop_ids, sequences in (({stop_id}, ()), ((), (stop_text,)), ((), ())):
+        model = InductionModel(VOCAB, seed=11)
+        dec = SpeculativeDecoder(model, source=perfect_source(PROMPT + full.token_ids))
+        dec.append(PROMPT)
+        events: list[tuple[str, int]] = []
+        result = generate_text(
+            dec,
+            60,
+            frozenset(stop_ids),
+            list(sequences),
+            lambda piece, events=events: events.append(("text", len(piece))),
+            on_token=lambda n, events=events: events.append(("token", n)),
+        )
+        counts = [n for kind, n in events if kind == "token"]
+        texts = len(result.token_ids) - (result.stop_reason == "stop")
+        assert counts == list(range(1, texts + 1))
+        assert events[0][0] == "token"  # a count comes before the text it covers
+
+
 def test_no_stop_found_keeps_the_whole_text_and_the_held_back_tail() -> None:
     full, _ = run()
     r, _ = run(perfect_source(PROMPT + full.token_ids), sequences=[full.text[-1] + "\u2603"])

@@ -165,8 +165,8 @@ def generate_text(
     """Decode, detokenize and stop at a stop id, a text stop sequence, max_new_tokens or
     the end of the context; `emit` gets the text as it becomes safe to show (never the
     start of a stop sequence). `interrupt()` is polled between steps: True ends the run
-    there ("interrupted"). `on_token(n)` is told each time the run takes its n-th token,
-    before that token's text (if any) is emitted.
+    there ("interrupted"). `on_token(n)` is told each time the run takes its n-th token
+    and it is text (not a stop id), before that text is emitted.
 
     Text stops are checked token by token, so the run ends at the token where plain decoding
     ends, also when a verify accepted tokens past it: those are left out of the output. (The
@@ -186,11 +186,11 @@ def generate_text(
     for chunk in dec.stream(max_new_tokens, stop_ids):
         for t in chunk:
             out.append(t)
-            if on_token is not None:
-                on_token(len(out))
             if t in stop_ids:
                 reason = "stop"
                 break
+            if on_token is not None:
+                on_token(len(out))
             show(stops.push(detok.push(t)))
             if stops.cut is not None:
                 reason = "stop_sequence"
