@@ -233,6 +233,31 @@ def test_gate_reopens_when_drafts_pay() -> None:
     assert result.stats.tokens_per_step > 5
 
 
+@pytest.mark.parametrize("length", [2, 8])
+def test_a_draft_cut_shorter_than_it_could_pay_is_not_verified(length: int) -> None:
+    """The gate's budget asks for long drafts (C(9) is cheap here); a source whose match ends
+    two tokens on hands over 2, which cannot pay at the gate's acceptance: the decoder takes
+    a plain step instead. Given 8, it verifies (all accepted)."""
+    model = InductionModel(VOCAB, seed=23)
+    expected = plain(model, GREEDY, 120)
+    whole = perfect_source(PROMPT + expected).script
+
+    class LongMatch(ScriptedSource):  # drafts behind a 20-token match: a 0.95 prior, gate on
+        def propose(self, budget: int) -> Draft | None:
+            draft = super().propose(budget)
+            return None if draft is None else Draft(draft.tokens, "conversation", 20)
+
+    source = LongMatch(lambda stream, n: whole(stream, n)[:length])
+    # 3 tokens at most for C(3) = 3.0: at 0.95 a 2-token draft expects 2.85, never enough
+    table = CostTable((1, 3, 9, 16), (1.0, 3.0, 3.2, 5.0))
+    result = generate(model, PROMPT, 120, source=source, cost_table=table, options=SpecOptions())
+    assert result.token_ids == expected
+    if length == 2:
+        assert result.stats.verify_steps == 0 and result.stats.gate_off == 0
+    else:
+        assert result.stats.verify_steps > 5 and result.stats.accepted == result.stats.drafted
+
+
 @pytest.mark.parametrize(
     "sampling", [GREEDY, SAMPLED, PENALISED], ids=["greedy", "sampled", "penalised"]
 )

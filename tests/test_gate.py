@@ -207,6 +207,18 @@ def test_a_verify_cost_follows_the_scale_past_the_costs_the_budget_keeps() -> No
         assert live.verify_cost(k) == max(1.0, live.scale * TABLE.cost(k))
 
 
+@given(st.integers(0, 12), st.integers(0, 12), st.integers(1, 40))
+def test_pays_is_expected_tokens_over_the_drafts_own_cost(accepted, rejected, drafted) -> None:
+    gate = CostGate(TABLE, GateOptions(), 0.7)
+    for _ in range(rejected):  # evidence moves the acceptance the check uses
+        gate.record_verify(k=3, drafted=2, accepted=0, committed=1)
+    for _ in range(accepted):
+        gate.record_verify(k=3, drafted=2, accepted=2, committed=3)
+    p = gate.token_acceptance()
+    expected = sum(p**i for i in range(drafted + 1))
+    assert gate.pays(drafted) == (expected >= gate.verify_cost(drafted + 1))
+
+
 def test_one_noisy_sample_cannot_flip_a_winning_gate() -> None:
     gate = CostGate(TABLE, GateOptions())
     gate.record_plain(seconds=0.01)

@@ -351,6 +351,8 @@ class SpeculativeDecoder:
         if shadow:
             self._shadows.append(_Shadow(name, gate, draft, len(self.history)))
             return None, gate
+        if opts.gate and not gate.pays(len(tokens)):
+            return None, None  # shorter than its budget, too short to pay: a plain step
         if opts.gate and self.clock is not None and self.live_costs.wants_plain_timing():
             return None, None  # a plain step now and then keeps the live cost rescale honest
         return draft, gate

@@ -326,6 +326,19 @@ class CostGate:
         self._best_key, self._best = key, (best_d, best_rate)
         return best_d, best_rate
 
+    def pays(self, drafted: int) -> bool:
+        """Whether a verify of this many draft tokens is expected to commit at least
+        min_speedup tokens per plain step of its cost, at the per-token acceptance the gate
+        holds. The budget sizes the drafts the gate wants; a source can hand over fewer (its
+        match ends there), and a 2-token draft that a 4-token budget's rate cleared can lose
+        where the longer one would not (on a flat table at a prior of 0.5: 1.09x at 2 tokens,
+        the first verify of a 24-token answer that accepts nothing costs it 2.5%)."""
+        p, expected, term = self.token_acceptance(), 1.0, 1.0
+        for _ in range(drafted):
+            term *= p
+            expected += term
+        return expected >= self.options.min_speedup * self.verify_cost(drafted + 1)
+
     def start(self, max_draft: int, min_draft: int = 2, pool: list[int] | None = None) -> None:
         """Choose the first state, before any evidence. A gate whose drafts would not clear
         the turn-on bar even at the prior acceptance (a steep table: llama.cpp on an AVX2
