@@ -330,9 +330,8 @@ class CostGate:
         """Whether a verify of this many draft tokens is expected to commit at least
         min_speedup tokens per plain step of its cost, at the per-token acceptance the gate
         holds. The budget sizes the drafts the gate wants; a source can hand over fewer (its
-        match ends there), and a 2-token draft that a 4-token budget's rate cleared can lose
-        where the longer one would not (on a flat table at a prior of 0.5: 1.09x at 2 tokens,
-        the first verify of a 24-token answer that accepts nothing costs it 2.5%)."""
+        match ends there), and a 2-token draft that a longer budget's rate cleared can lose
+        where the longer one would not (docs/bench/avx512/smollm2-pays-ab: replay and bench)."""
         p, expected, term = self.token_acceptance(), 1.0, 1.0
         for _ in range(drafted):
             term *= p

@@ -314,13 +314,12 @@ def completion_logprobs(
     text_offset (where each token's text starts in the completion, from `offset`)."""
     tokens: list[str] = []
     offsets: list[int] = []
+    tops: list[dict[str, float]] = []
     for e in entries:
         offsets.append(offset)
         text = _token(tokenizer, e.token_id)[0]
         tokens.append(text)
         offset += len(text)
-    tops = []
-    for e in entries:
         alts: dict[str, float] = {}
         for token_id, logprob in e.top:
             alts.setdefault(_token(tokenizer, token_id)[0], logprob)

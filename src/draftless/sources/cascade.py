@@ -34,7 +34,7 @@ __all__ = ["CascadeOptions", "SpeculationIndex"]
 
 CONVERSATION = "conversation"
 RECYCLING = "recycling"
-_FEW = 8  # committed ids a step's observe() passes through a reused buffer
+_FEW = 8  # committed ids a step's observe() copies into a reused buffer
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,9 +133,9 @@ class SpeculationIndex:
 
     def observe(self, committed: Sequence[int] | np.ndarray) -> None:
         """Feeds committed tokens to every member."""
-        tokens = self._step_ids(committed)
-        if tokens is None:
-            tokens = as_token_array(committed, limit=self.vocab_size, what="committed token")
+        tokens = as_token_array(
+            committed, limit=self.vocab_size, what="committed token", out=self._few
+        )  # the members read it and never keep it
         if tokens.shape[0] == 0:
             return
         try:
@@ -150,21 +150,6 @@ class SpeculationIndex:
             ref.cursor._advance_array(tokens)
         if self._recycling is not None:
             self._recycling._observe_array(tokens)
-
-    def _step_ids(self, committed: Sequence[int] | np.ndarray) -> np.ndarray | None:
-        """A decoder step's few committed ids (a list of in-range Python ints) in a buffer the
-        members read and never keep; None for anything else, which as_token_array checks.
-        Right after a forward has streamed the weights through every cache, a fresh array
-        from a list costs ~10 us (benchmarks/step_overhead.py)."""
-        if type(committed) is not list or not 0 < len(committed) <= _FEW:
-            return None
-        vocab = self.vocab_size
-        if not all(type(t) is int and 0 <= t < vocab for t in committed):
-            return None
-        few = self._few
-        for i, t in enumerate(committed):
-            few[i] = t
-        return few[: len(committed)]
 
     def observe_topk(self, token_ids: Sequence[int] | np.ndarray, topk_ids: np.ndarray) -> None:
         """Top-K rows of the verify forward, for recycling (ignored without it)."""

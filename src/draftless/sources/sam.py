@@ -279,10 +279,17 @@ def _last_ends(st, n_states, n):
 
 
 def as_token_array(
-    token_ids: Sequence[int] | np.ndarray, *, limit: int = TOKEN_LIMIT, what: str = "token"
+    token_ids: Sequence[int] | np.ndarray,
+    *,
+    limit: int = TOKEN_LIMIT,
+    what: str = "token",
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Validated token ids as a contiguous int32 array [n].
 
+    `out` (int32 [m]): a few Python ints are copied into out[:n] when they fit, instead of a
+    new array (the decoder's step, right after a forward, when allocating one is cold work);
+    the caller must not keep the result past its next use of `out`.
     Raises ValueError naming the first id outside [0, limit) and its position.
     """
     if isinstance(token_ids, list | tuple) and len(token_ids) <= _SMALL:
@@ -292,7 +299,11 @@ def as_token_array(
                 raise ValueError(f"{what} ids must be integers, got {t!r} at position {pos}")
             if t < 0 or t >= limit:
                 raise ValueError(f"{what} id {t} at position {pos} is out of range [0, {limit})")
-        return np.array(token_ids, dtype=np.int32)
+        if out is None or len(token_ids) > out.shape[0]:
+            return np.array(token_ids, dtype=np.int32)
+        for pos, t in enumerate(token_ids):
+            out[pos] = t
+        return out[: len(token_ids)]
     try:
         arr = np.asarray(token_ids)
     except OverflowError as exc:
