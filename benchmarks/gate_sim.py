@@ -51,6 +51,7 @@ class _Recorder:
     def __init__(self, cascade, start: int) -> None:
         self.cascade = cascade
         self.wants_topk = cascade.wants_topk
+        self.topk_member = None  # top-k rows at every step: the recording keeps them all
         self.at = start  # stream position the next proposal continues
         self.drafts: dict[int, tuple[list[int], str, int]] = {}
 
@@ -155,6 +156,7 @@ class _ReplayModel:
 
 class _ReplaySource:
     wants_topk = False
+    topk_member = None
 
     def __init__(self, drafts: dict[str, list]) -> None:
         self.drafts = {int(k): v for k, v in drafts.items()}

@@ -40,6 +40,7 @@ class InductionModel:
     backend = "fake"
     path = None
     threads = 1
+    kernels = "numpy"
 
     def __init__(
         self,
@@ -121,6 +122,7 @@ class ScriptedSource:
     """Drafts from a function of the committed stream; records what it was told."""
 
     wants_topk = False
+    topk_member = None
 
     def __init__(self, script: Callable[[list[int], int], Sequence[int]]) -> None:
         self.script = script

@@ -478,6 +478,7 @@ def test_the_model_cache_must_belong_to_the_conversation() -> None:
 # -- the turn gate -------------------------------------------------------------------------
 class RecordingIndex:
     wants_topk = True
+    topk_member = None
 
     def __init__(self) -> None:
         self.stream: list[int] = []

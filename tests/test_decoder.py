@@ -789,7 +789,7 @@ def test_a_source_that_lacks_a_member_is_refused_by_name() -> None:
         def observe(self, committed) -> None:
             pass
 
-    with pytest.raises(TypeError, match="lacks wants_topk, propose, observe_topk"):
+    with pytest.raises(TypeError, match="lacks wants_topk, topk_member, propose, observe_topk"):
         SpeculativeDecoder(InductionModel(VOCAB), source=Half())  # type: ignore[arg-type]
 
 

@@ -124,7 +124,7 @@ class TurnGate:
 
     @property
     def topk_member(self) -> str | None:
-        return getattr(self.index, "topk_member", None)
+        return self.index.topk_member
 
     def propose(self, budget: int) -> Draft | None:
         return None if self._closed else self.index.propose(budget)

@@ -122,14 +122,14 @@ def default_table(backend: str) -> CostTable:
 
 def model_key(model: Model) -> str:
     """Identifies what a table was measured on, for the cost-table cache: the backend, the
-    model file, the threads, and the backend's kernels where it names them (a `kernels`
-    string: a new llama.cpp build changes what a verify costs, so its old table is not used)."""
+    model file, the threads, and the backend's kernels (`Model.kernels`: a new llama.cpp
+    build changes what a verify costs, so its old table is not used)."""
     path = model.path
     ident = model.name
     if path is not None and os.path.exists(path):
         st = os.stat(path)
         ident = f"{os.path.abspath(path)}:{st.st_size}:{int(st.st_mtime)}"
-    ident += f":threads={model.threads}:{getattr(model, 'kernels', '')}"
+    ident += f":threads={model.threads}:{model.kernels}"
     digest = hashlib.sha256(ident.encode()).hexdigest()[:16]
     base = Path(str(path or model.name)).name.replace(os.sep, "_")
     return f"{model.backend}-{base}-{digest}"

@@ -302,7 +302,7 @@ class SpeculativeDecoder:
         source = self.source
         if source is None or not source.wants_topk:
             return False
-        member = getattr(source, "topk_member", None)
+        member = source.topk_member
         if member is None or not self.options.gate:
             return True
         gate = self.gates.get(member)

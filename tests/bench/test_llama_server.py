@@ -33,6 +33,7 @@ class FakeModel:
     n_ctx: int = 1024
     n_batch: int = 256
     threads: int = 2
+    kernels: str = ""
     tokenizer: object = field(default=None)
 
 

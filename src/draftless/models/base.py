@@ -94,6 +94,9 @@ class Model(Protocol):
     backend: str  # "llamacpp", "hf", ...
     vocab_size: int
     tokenizer: Tokenizer
+    # What computes the forward ("" where nothing to name): a build or library version and
+    # dtype. A stored cost table is keyed by it, since a new build changes what a verify costs.
+    kernels: str
 
     @property
     def path(self) -> Path | None:

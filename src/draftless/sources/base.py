@@ -13,9 +13,10 @@ in order, through `observe`; it never sees a token that was drafted but rejected
     wants_topk        -> bool         False: the decoder never computes top-k rows for it
     observe_topk(ids, topk)           topk[i] ([K] int32, best first) are the most likely
                                       successors of ids[i] in the verify forward that just ran
-    topk_member       -> str | None   optional: the member whose drafts the top-k rows feed
-                                      (the cascade's "recycling"); the decoder then computes
-                                      them only while that member's cost gate is on
+    topk_member       -> str | None   the member whose drafts the top-k rows feed (the
+                                      cascade's "recycling"): the decoder computes them only
+                                      while that member's cost gate is on (None: always, when
+                                      wants_topk)
 
 Worked example: committed stream [1 2 3 1 2]; a suffix-automaton source's propose(3) returns
 Draft([3, 1, 2], "conversation", match_len=2) (the continuation of the earlier "1 2"). The
@@ -47,6 +48,9 @@ class DraftSource(Protocol):
     @property
     def wants_topk(self) -> bool: ...
 
+    @property
+    def topk_member(self) -> str | None: ...
+
     def propose(self, budget: int) -> Draft | None: ...
 
     def observe(self, committed: Sequence[int] | np.ndarray) -> None: ...
@@ -74,7 +78,7 @@ def check_source(source: object) -> None:
     """TypeError naming what a draft source lacks (instead of an AttributeError mid-run)."""
     missing = [
         name
-        for name in ("wants_topk", "propose", "observe", "observe_topk")
+        for name in ("wants_topk", "topk_member", "propose", "observe", "observe_topk")
         if not hasattr(source, name)
     ]
     if missing:
