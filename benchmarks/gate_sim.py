@@ -128,7 +128,7 @@ class _ReplayModel:
     """Answers every forward with one-hot rows of the recorded stream: row i of a forward at
     cache length n picks stream[n + i + 1], what the real model's greedy row picked."""
 
-    name, backend, path, threads, tokenizer = "replay", "replay", None, None, None
+    name, backend, path, threads, tokenizer, kernels = "replay", "replay", None, None, None, ""
     n_ctx = None
 
     def __init__(self, stream: list[int], vocab: int, stops: Sequence[int]) -> None:
