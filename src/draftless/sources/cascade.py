@@ -11,7 +11,9 @@ Selection: the longest match wins; ties go to the conversation (recency in the l
 beats a static document), then to the first-added reference. A match shorter than min_match
 (2) falls through to recycling. The draft grows with the match: at most
 budget_beta * (1 + match_len) tokens, budget_beta = 2. Whether a member's drafts pay is the
-decoder's cost gate's business (one gate per member), not the cascade's.
+decoder's cost gate's business (one gate per member), not the cascade's. Match drafts pass
+through the edit learner (`edits.py`): where the stream has left a copy and rejoined it (a
+rename), later drafts carry the same substitution.
 
 Worked example: committed stream [5 6 7 8 | 9 | 5 6 7] (observed in any chunks). The
 conversation matches [5 6 7] (match_len 3), so propose(16) returns its continuation for a
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from draftless.sources.base import Draft
+from draftless.sources.edits import EXPECT, EditLearner
 from draftless.sources.recycling import Recycling
 from draftless.sources.sam import Cursor, SamIndex, as_token_array
 
@@ -45,10 +48,12 @@ class CascadeOptions:
     min_match: int = 2  # tokens; shorter matches fall through to recycling
     budget_beta: int = 2  # draft budget = budget_beta * (1 + match_len) tokens
     max_references: int = 8  # frozen reference documents at once
+    edits: bool = True  # learn substitutions (renames) from the stream, apply them to drafts
 
     def __post_init__(self) -> None:
-        if not isinstance(self.recycling, bool):
-            raise ValueError(f"recycling must be a bool, got {self.recycling!r}")
+        for flag in ("recycling", "edits"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
         for name, low in (("min_match", 1), ("budget_beta", 1), ("max_references", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -65,7 +70,8 @@ class _Reference:
 class SpeculationIndex:
     """The cascade as a DraftSource. See the module docstring for the policy.
 
-    SpeculationIndex(vocab_size, recycling=True, min_match=2, budget_beta=2, max_references=8).
+    SpeculationIndex(vocab_size, recycling=True, min_match=2, budget_beta=2, max_references=8,
+    edits=True).
     """
 
     def __init__(
@@ -76,6 +82,7 @@ class SpeculationIndex:
         min_match: int = 2,
         budget_beta: int = 2,
         max_references: int = 8,
+        edits: bool = True,
         references: Sequence[Sequence[int] | np.ndarray] = (),
     ) -> None:
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
@@ -85,6 +92,7 @@ class SpeculationIndex:
             min_match=min_match,
             budget_beta=budget_beta,
             max_references=max_references,
+            edits=edits,
         )
         self.vocab_size = vocab_size
         self.wants_topk: bool = recycling  # the decoder computes top-K rows only for recycling
@@ -92,6 +100,8 @@ class SpeculationIndex:
         self._conversation = SamIndex()
         self._references: list[_Reference] = []
         self._recycling = Recycling(vocab_size) if recycling else None
+        # Renames and changed values learned from the stream, applied to match drafts.
+        self._edits = EditLearner() if edits else None
         self._few = np.empty(_FEW, dtype=np.int32)  # [_FEW] a decoder step's ids (observe)
         for ref in references:
             self.add_reference(ref)
@@ -125,7 +135,15 @@ class SpeculationIndex:
         if isinstance(drafter, Recycling):
             tokens = drafter.suggest(budget)
         else:
-            tokens = drafter.draft(min(budget, self.options.budget_beta * (1 + match_len)))
+            want = min(budget, self.options.budget_beta * (1 + match_len))
+            edits = self._edits
+            if edits is None:
+                tokens = drafter.draft(want)
+            else:  # it reads EXPECT tokens, at any budget: a longer draft starts with a shorter
+                at = self._conversation.n_tokens
+                tokens, spans = edits.apply(drafter.draft(max(want, EXPECT)), at)
+                edits.expect(at, tokens, match_len, spans)
+                tokens = tokens[:want]
             if not tokens and self._recycling is not None:
                 name, match_len = RECYCLING, 0
                 tokens = self._recycling.suggest(budget)
@@ -138,6 +156,8 @@ class SpeculationIndex:
         )  # the members read it and never keep it
         if tokens.shape[0] == 0:
             return
+        if self._edits is not None:
+            self._edits.observe(self._conversation.n_tokens, tokens.tolist())
         try:
             self._conversation._extend_array(tokens)
         except MemoryError:
@@ -193,6 +213,8 @@ class SpeculationIndex:
         knowledge about the model, not about the conversation).
         """
         self._conversation = SamIndex()
+        if self._edits is not None:
+            self._edits.reset()
         for ref in self._references:
             ref.cursor.reset()
         if self._recycling is not None:
