@@ -168,3 +168,18 @@ def test_the_decoder_with_edits_writes_what_plain_writes_and_rejects_less() -> N
 
 def test_constants_are_what_the_window_needs() -> None:
     assert EXPECT == MAX_EDIT + REJOIN + 1
+
+
+def test_a_rename_deep_in_a_long_verified_draft_is_learned() -> None:
+    """Sites 60 tokens apart, every draft verified: the drafts are long by the time a site
+    comes, and its rejection lies dozens of tokens into one. The learner sees it there (the
+    proposal's expectation runs past the draft), so only the first site is rejected."""
+    text = body(260, seed=4)
+    sites = [40, 100, 160, 220]
+    source, edited = with_sites(text, [350], sites), with_sites(text, [360], sites)
+    model = Writer(len(source), edited)
+    index = SpeculationIndex(VOCAB, recycling=False)
+    result = generate(model, source, len(edited), source=index, options=SpecOptions(gate=False))
+    assert result.token_ids == edited
+    assert max(result.stats.draft_lengths) > 16 + 8  # rejections deep in long drafts
+    assert sum(result.stats.resync_gaps.values()) == 1

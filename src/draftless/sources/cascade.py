@@ -139,9 +139,10 @@ class SpeculationIndex:
             edits = self._edits
             if edits is None:
                 tokens = drafter.draft(want)
-            else:  # it reads EXPECT tokens, at any budget: a longer draft starts with a shorter
+            else:  # it reads EXPECT tokens past the draft: where a verify's rejection is, and
+                # what follows it (apply() keeps a longer draft starting with a shorter one)
                 at = self._conversation.n_tokens
-                tokens, spans = edits.apply(drafter.draft(max(want, EXPECT)), at)
+                tokens, spans = edits.apply(drafter.draft(want + EXPECT), at)
                 edits.expect(at, tokens, match_len, spans)
                 tokens = tokens[:want]
             if not tokens and self._recycling is not None:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 REJOIN = 6  # tokens of the source the stream follows again after an edit, to learn it
 MAX_EDIT = 8  # tokens of an edit at most, on the source's side and on the stream's
 MIN_MATCH = 4  # tokens of match behind a draft whose departure can teach an edit
-EXPECT = MAX_EDIT + REJOIN + 1  # tokens a proposal's continuation is kept to, for learning
+EXPECT = MAX_EDIT + REJOIN + 1  # tokens past a draft the learner reads, from a departure on
 MAX_EDITS = 64  # substitutions kept at once (the oldest learned goes first)
 
 
@@ -109,9 +109,9 @@ class EditLearner:
 
     def expect(self, at: int, tokens: Sequence[int], match_len: int, spans: list[_Span]) -> None:
         """The proposal made at stream position `at`: the tokens it says come next (after
-        apply(), EXPECT of them or more where the source has them), the match behind them,
-        and where apply() changed them."""
-        self._expected = (at, list(tokens[:EXPECT]), match_len, spans)
+        apply(); the draft and EXPECT more, so a departure anywhere in a verified draft is
+        seen with what follows it), the match behind them, and where apply() changed them."""
+        self._expected = (at, list(tokens), match_len, spans)
 
     # -- learning ----------------------------------------------------------------------
     def observe(self, at: int, committed: Sequence[int]) -> None:
@@ -156,7 +156,7 @@ class EditLearner:
         if not self._pending:  # keep the stream from the departure on
             self._recent = self._recent[at + k - self._base :]
             self._base = at + k
-        self._pending.append((at + k, tokens[k:]))
+        self._pending.append((at + k, tokens[k : k + EXPECT]))
 
     def _settle(self) -> None:
         """Each pending departure whose window the stream has filled: the shortest edit
