@@ -26,6 +26,12 @@ is on (`SpeculativeDecoder._wants_topk`), and a recording keeps them at every st
 recycling draft made while its gate is off can differ. On the 81 prompts, SmolLM2 on both
 tables, `gate_policy.py run` (the real decoder) and the replay still agree prompt for prompt:
 recycling's gate never comes back on there.
+
+A second: the cascade's edit learner (`sources/edits.py`) reads each proposal, and a recording
+proposes at every position where the decoder proposes once a step. It sees the same departures
+either way (a proposal's expectation runs past its draft), but counts a substitution's holds
+and breaks per proposal, so where the stream goes both ways a recording can drop or keep a
+substitution at a different point than the decoder would.
 """
 
 from __future__ import annotations
