@@ -34,6 +34,7 @@ import statistics
 import string
 import textwrap
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -81,6 +82,21 @@ def first_part(module: ModuleType, limit: int = 900) -> str:
     return doc[:limit].rsplit("\n", 1)[0] if len(doc) > limit else doc
 
 
+def rename_prompts(renames: list[tuple[Callable[..., object], str, str]]) -> list[dict]:
+    """A "rename this identifier" prompt over each function's source in this Python."""
+    prompts = []
+    for fn, old, new in renames:
+        source = inspect.getsource(fn)
+        if old not in source:
+            raise SystemExit(f"{fn.__qualname__} has no {old!r} in this Python")
+        prompts.append({
+            "id": f"{fn.__module__}.{fn.__name__}",
+            "text": f"Rename `{old}` to `{new}` everywhere in this Python function. Reply with "
+            f"the whole function and nothing else.\n\n```python\n{source}```",
+        })  # fmt: skip
+    return prompts
+
+
 def main() -> None:
     copy = [
         {"id": m.__name__, "text": "Repeat the following text exactly, word for word, and "
@@ -88,16 +104,7 @@ def main() -> None:
         for m in COPY_FROM
         if len(text := first_part(m)) >= 250
     ]  # fmt: skip
-    edit = []
-    for fn, old, new in RENAMES:
-        source = inspect.getsource(fn)
-        if old not in source:
-            raise SystemExit(f"{fn.__qualname__} has no {old!r} in this Python")
-        edit.append({
-            "id": f"{fn.__module__}.{fn.__name__}",
-            "text": f"Rename `{old}` to `{new}` everywhere in this Python function. Reply with "
-            f"the whole function and nothing else.\n\n```python\n{source}```",
-        })  # fmt: skip
+    edit = rename_prompts(RENAMES)
     families = {
         "held-copy": copy,
         "held-edit": edit,

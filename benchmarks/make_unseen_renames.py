@@ -16,7 +16,6 @@ import functools
 import getopt
 import gzip
 import html
-import inspect
 import json
 import locale
 import string
@@ -24,6 +23,8 @@ import tempfile
 import textwrap
 import urllib.parse
 from pathlib import Path
+
+from make_heldout_real import rename_prompts
 
 RENAMES = [  # (function, identifier, its new name)
     (urllib.parse.urljoin, "base", "base_url"),
@@ -41,16 +42,7 @@ RENAMES = [  # (function, identifier, its new name)
 
 
 def main() -> None:
-    prompts = []
-    for fn, old, new in RENAMES:
-        source = inspect.getsource(fn)
-        if old not in source:
-            raise SystemExit(f"{fn.__qualname__} has no {old!r} in this Python")
-        prompts.append({
-            "id": f"{fn.__module__}.{fn.__name__}",
-            "text": f"Rename `{old}` to `{new}` everywhere in this Python function. Reply with "
-            f"the whole function and nothing else.\n\n```python\n{source}```",
-        })  # fmt: skip
+    prompts = rename_prompts(RENAMES)
     task = {
         "title": "Renames, unseen",
         "kind": "retrieval",
