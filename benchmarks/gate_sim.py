@@ -17,9 +17,9 @@ functions, free-form) and keeps, at every position, the draft the cascade would 
 the recorded stream and a source that answers with the recorded drafts, clock off, every
 forward costed by the cost table, as `gate_policy.py run` does with the model itself; `replay
 --check FILE` compares with that run's output (tests/test_gate_sim.py proves the replay equal
-to the decoder on an exact fake model). A gate change is then measured on the bench's prompts
-and the held-out ones in under two seconds, beside `oracle_speedup`, the ceiling of any gate on
-the cascade's drafts.
+to the decoder on an exact fake model, with the edit learner off: see below). A gate change
+is then measured on the bench's prompts and the held-out ones in under two seconds, beside
+`oracle_speedup`, the ceiling of any gate on the cascade's drafts.
 
 One approximation: the decoder computes top-k rows for recycling only while recycling's gate
 is on (`SpeculativeDecoder._wants_topk`), and a recording keeps them at every step, so a
@@ -76,13 +76,18 @@ class _Recorder:
 
 
 def record_stream(
-    model, prompt: Sequence[int], references: Sequence[Sequence[int]], max_new_tokens: int
+    model,
+    prompt: Sequence[int],
+    references: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    edits: bool = True,
 ) -> dict:
-    """One prompt decoded greedily and plainly, with the cascade's draft at every position."""
+    """One prompt decoded greedily and plainly, with the cascade's draft at every position
+    (`edits`: the cascade's edit learner on, as the decoder runs it)."""
     from draftless import SpecOptions, SpeculativeDecoder
     from draftless.sources.cascade import SpeculationIndex
 
-    cascade = SpeculationIndex(model.vocab_size)
+    cascade = SpeculationIndex(model.vocab_size, edits=edits)
     for ref in references:
         cascade.add_reference(list(ref))
     rec = _Recorder(cascade, 0)

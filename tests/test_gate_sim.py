@@ -33,7 +33,9 @@ _spec.loader.exec_module(gate_sim)
 def test_replay_decides_as_the_decoder_and_the_oracle_bounds_it(seed, prompt, reference, table, n):
     costs = default_table(table)
     model = InductionModel(VOCAB, seed=seed, copy_strength=4.0)
-    source = SpeculationIndex(VOCAB)
+    # Exact with the edit learner off: it counts a substitution per proposal, and a recording
+    # proposes at every position (gate_sim's docstring).
+    source = SpeculationIndex(VOCAB, edits=False)
     refs = [reference] if reference else []
     for ref in refs:
         source.add_reference(ref)
@@ -44,7 +46,7 @@ def test_replay_decides_as_the_decoder_and_the_oracle_bounds_it(seed, prompt, re
     real = dec.generate(n)
 
     entry = gate_sim.record_stream(
-        InductionModel(VOCAB, seed=seed, copy_strength=4.0), prompt, refs, n
+        InductionModel(VOCAB, seed=seed, copy_strength=4.0), prompt, refs, n, edits=False
     )
     assert entry["generated"] == real.token_ids  # greedy: the same stream, plain or not
     got = gate_sim.replay_one(entry, VOCAB, costs)
