@@ -4,9 +4,12 @@ A source proposes a continuation of the committed stream. It is told every commi
 in order, through `observe`; it never sees a token that was drafted but rejected.
 
     propose(budget)   -> Draft | None at most `budget` tokens, the member that made them and
-                                      the evidence behind them (the match length); no side
-                                      effects, so a draft the decoder does not verify needs
-                                      no undoing. A draft of d tokens starts with the draft
+                                      the evidence behind them (the match length); nothing
+                                      to undo when the decoder does not verify it (a source
+                                      may note what it proposed, as the cascade's edit
+                                      learner does, and compare it with what observe() is
+                                      told next; proposing again gives the same draft). A
+                                      draft of d tokens starts with the draft
                                       of any shorter budget (the decoder cuts it to the
                                       length its cost gate allows).
     observe(tokens)                   tokens appended to the committed stream
