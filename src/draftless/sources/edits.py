@@ -61,7 +61,6 @@ class EditLearner:
     """Substitutions learned from where the stream leaves a long match and rejoins it."""
 
     def __init__(self) -> None:
-        self.learned = 0  # substitutions learned (stats)
         self.reset()
 
     def reset(self) -> None:
@@ -107,15 +106,16 @@ class EditLearner:
                 k += 1
         return out, spans
 
-    def expect(self, at: int, tokens: Sequence[int], match_len: int, spans: list[_Span]) -> None:
+    def expect(self, at: int, tokens: list[int], match_len: int, spans: list[_Span]) -> None:
         """The proposal made at stream position `at`: the tokens it says come next (after
         apply(); the draft and EXPECT more, so a departure anywhere in a verified draft is
-        seen with what follows it), the match behind them, and where apply() changed them."""
-        self._expected = (at, list(tokens), match_len, spans)
+        seen with what follows it; kept, not copied), the match behind them, and where
+        apply() changed them."""
+        self._expected = (at, tokens, match_len, spans)
 
     # -- learning ----------------------------------------------------------------------
     def observe(self, at: int, committed: Sequence[int]) -> None:
-        """Tokens committed at stream positions at, at + 1, ..."""
+        """Tokens committed at stream positions at, at + 1, ... (Python ints)."""
         if not committed:
             return
         if not self._pending:
@@ -125,7 +125,7 @@ class EditLearner:
             self._pending.clear()
             self._recent.clear()
             self._base = at
-        self._recent.extend(int(t) for t in committed)
+        self._recent.extend(committed)
         expected, self._expected = self._expected, None
         if expected is not None and expected[0] == at:
             self._check(at, committed, *expected[1:])
@@ -137,7 +137,7 @@ class EditLearner:
     ) -> None:
         """Compares a proposal with what was committed after it: a departure from a long
         match starts a pending edit; substituted tokens count for or against their edit."""
-        made = [int(t) for t in committed[: len(tokens)]]
+        made = list(committed[: len(tokens)])
         k = next((i for i, (a, b) in enumerate(zip(made, tokens, strict=False)) if a != b), None)
         inside = False  # the departure is inside substituted tokens: the source never said them
         for span in spans:
@@ -195,4 +195,3 @@ class EditLearner:
                 del self._first[first[0]]
         self._subs[old] = _Substitution(new)
         self._first.setdefault(old[0], []).append(old)
-        self.learned += 1
