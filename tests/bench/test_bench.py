@@ -378,3 +378,34 @@ def test_dtype_without_transformers_is_a_one_line_error(
     assert main(["bench", *flags]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and fragment in err
+
+
+def test_no_edits_reaches_the_index_the_bench_drafts_from(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`bench --no-edits` runs draftless with the edit learner off (a side-by-side of the
+    learner is two bench runs); without it the learner is on."""
+    sources: list[object] = []
+
+    def load(model: str, backend: str, options: dict[str, object]) -> InductionModel:
+        return InductionModel(vocab=50, seed=0)
+
+    monkeypatch.setattr("draftless.cli.bench._load", load)
+    original = bench_backend
+
+    def spy(*args: object, **kw: object) -> object:
+        make = kw.get("make_source")
+        sources.append(make(InductionModel(vocab=50, seed=0)) if callable(make) else None)
+        return original(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("draftless.cli.bench.bench_backend", spy)
+    args = ["bench", "--backend", "llamacpp", "--tasks", "repetition", "--prompts", "1"]
+    args += ["--reps", "1", "-n", "8", "--no-peers", "--out", str(cache / "out")]
+    assert main([*args, "--no-edits"]) == 0
+    assert main(args) == 0
+    off, default = sources
+    assert off is not None and off.edit_stats() is None  # type: ignore[attr-defined]
+    assert default is None  # the runner's own cascade, with the learner
+    from draftless.bench.runner import _cascade
+
+    assert _cascade(InductionModel(vocab=50, seed=0)).edit_stats() is not None

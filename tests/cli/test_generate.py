@@ -80,6 +80,7 @@ def test_unknown_backend_is_refused_by_the_parser() -> None:
         (["--max-new-tokens", "0"], "max-new-tokens"),
         (["--spec", "--max-draft", "0"], "max_draft"),
         (["--stop", ""], "--stop needs non-empty text"),
+        (["--no-edits"], "--no-edits needs --spec"),
         (["--logprobs", "2"], "--logprobs needs --json"),
         (["--json", "--logprobs", "21"], "--logprobs needs --json and a count in [0, 20]"),
     ],
@@ -190,6 +191,27 @@ def test_generate_json_reports_text_and_speculation_stats(tmp_path: Path) -> Non
     assert sum(lengths.values()) == spec["verify_steps"]
     assert spec["verify_share"] == round(spec["verify_steps"] / spec["steps"], 4)
     assert isinstance(spec["resync_gaps"], dict)
+    assert set(spec["edits"]) == {"learned", "in_use", "held", "broken"}
+
+
+@pytest.mark.slow
+@SMOLLM2
+def test_no_edits_writes_what_plain_writes_and_reports_no_learner() -> None:
+    import json
+
+    code = "def area(w, h):\n    return w * h\n\n\nprint(area(2, 3), area(4, 5))\n"
+    prompt = f"Rewrite this code with `area` renamed to `surface`:\n{code}"
+    args = ["generate", "--json", "--chat", "-n", "48", "--prompt", prompt]
+    plain = json.loads(run(*args).stdout)
+    runs = {
+        flag: json.loads(run(*args, "--spec", "--no-gate", *flag).stdout)
+        for flag in ((), ("--no-edits",))
+    }
+    for out in runs.values():
+        assert out["token_ids"] == plain["token_ids"]
+        assert out["spec"]["drafted"] > 0
+    assert runs[("--no-edits",)]["spec"]["edits"] is None
+    assert set(runs[()]["spec"]["edits"]) == {"learned", "in_use", "held", "broken"}
 
 
 @pytest.mark.slow

@@ -367,6 +367,7 @@ def test_startup_mistakes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
         (["--spec", "--spec-ref", str(big)], "limit"),
         (["--spec", *nine], "at most 8"),
         (["--spec-ref", str(doc)], "needs --spec"),
+        (["--no-edits"], "--no-edits needs --spec"),
         (["--spec", "--stop", "\n\n"], "--stop-id"),
         (["-n", "0"], "--max-new-tokens"),
         (["--system", " "], "--system"),

@@ -165,6 +165,8 @@ def test_chat_through_the_openai_client_equals_no_spec(spec, plain) -> None:
     assert stats["spec"] is True and b.model_extra["draftless"]["spec"] is False
     assert stats["committed"] == a.usage.completion_tokens
     assert {"steps", "drafted", "accepted", "sources"} <= set(stats)
+    assert set(stats["edits"]) == {"learned", "in_use", "held", "broken"}
+    assert b.model_extra["draftless"]["edits"] is None
 
 
 @pytest.mark.parametrize("seed", [1, 2024])
@@ -661,4 +663,6 @@ def test_cli_refuses_bad_options_in_one_line(capsys) -> None:
     assert main(["serve", "--port", "70000"]) == 2
     assert capsys.readouterr().err.startswith("draftless: error: --port")
     assert main(["serve", "--no-spec", "--spec-ref", "x.txt"]) == 2
+    assert main(["serve", "--no-spec", "--no-edits"]) == 2
+    assert "--no-edits needs speculation" in capsys.readouterr().err
     assert main(["serve", "--index-budget", "-1"]) == 2

@@ -182,3 +182,21 @@ def test_server_and_request_references_are_members_of_every_request() -> None:
         assert server["drafted"] > 0  # the prompt ends inside the server's document
     finally:
         engine.close()
+
+
+def test_edits_can_be_turned_off_and_their_counts_come_with_each_answer() -> None:
+    """`serve --no-edits`: the same text, and no learner counts; with the learner the counts
+    are in the answer's stats."""
+    body = CompletionRequest(prompt="abcabd abcabd abc", max_tokens=24, temperature=0)
+    answers = {}
+    for edits in (True, False):
+        engine = Engine(InductionModel(VOCAB, seed=5), spec=True, edits=edits)
+        try:
+            answers[edits] = finished(asyncio.run(run(engine, body)))
+        finally:
+            engine.close()
+    assert answers[True].text == answers[False].text
+    assert answers[False].stats["edits"] is None
+    counts = answers[True].stats["edits"]
+    assert set(counts) == {"learned", "in_use", "held", "broken"}
+    assert all(isinstance(v, int) and v >= 0 for v in counts.values())

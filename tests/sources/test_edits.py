@@ -68,9 +68,14 @@ def test_a_rename_is_drafted_as_the_model_writes_it_after_its_first_occurrence()
     sites = [10, 40, 70, 100]
     source, edited = with_sites(text, old, sites), with_sites(text, new, sites)
     plain = walk(SpeculationIndex(VOCAB, edits=False), source, edited)
-    learned = walk(SpeculationIndex(VOCAB), source, edited)
+    index = SpeculationIndex(VOCAB)
+    learned = walk(index, source, edited)
     assert len(plain) == len(sites)
     assert learned == plain[:1]
+    stats = index.edit_stats()
+    assert stats is not None and stats["learned"] == stats["in_use"] == 1
+    assert stats["held"] >= len(sites) - 1 and stats["broken"] == 0
+    assert SpeculationIndex(VOCAB, edits=False).edit_stats() is None
 
 
 @settings(max_examples=60, deadline=None)
@@ -109,6 +114,11 @@ def test_a_substitution_the_stream_goes_against_is_dropped() -> None:
     index = SpeculationIndex(VOCAB, recycling=False)
     assert walk(index, source, stream) == [10, 51]  # the rename, then the wrong substitution
     assert index._edits is not None and index._edits.substitutions == {}
+    stats = index.edit_stats()
+    assert stats is not None and stats["learned"] == 1 and stats["in_use"] == 0
+    assert stats["broken"] > stats["held"] == 0
+    index.reset()
+    assert index.edit_stats() == {"learned": 0, "in_use": 0, "held": 0, "broken": 0}
 
 
 @settings(max_examples=40, deadline=None)

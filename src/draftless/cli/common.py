@@ -95,6 +95,15 @@ def add_spec_options(p: argparse.ArgumentParser) -> None:
         help=f"reference document to draft from (repeatable, up to {MAX_REFERENCES})",
     )
     g.add_argument("--no-gate", action="store_true", help="verify every draft (for measurement)")
+    add_no_edits_option(g)
+
+
+def add_no_edits_option(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    p.add_argument(
+        "--no-edits",
+        action="store_true",
+        help="do not carry edits learned from the stream (renames) into drafts",
+    )
 
 
 def add_stop_options(p: argparse.ArgumentParser, *, what: str, spec_safe: bool) -> None:
@@ -135,6 +144,8 @@ def spec_from(args: argparse.Namespace) -> SpecOptions:
     """SpecOptions from the speculation group, after the checks both generate and chat need."""
     if args.spec_ref and not args.spec:
         raise UsageError("--spec-ref needs --spec")
+    if args.no_edits and not args.spec:
+        raise UsageError("--no-edits needs --spec")
     if len(args.spec_ref) > MAX_REFERENCES:
         raise UsageError(f"at most {MAX_REFERENCES} references, got {len(args.spec_ref)}")
     if args.max_new_tokens < 1:
@@ -197,12 +208,12 @@ def open_model(args: argparse.Namespace, *, quiet: bool = False) -> Model:
     return model
 
 
-def make_source(model: Model, paths: Sequence[str]) -> SpeculationIndex:
+def make_source(model: Model, paths: Sequence[str], *, edits: bool = True) -> SpeculationIndex:
     """The cascade over the conversation and the reference files at `paths`."""
     if len(paths) > MAX_REFERENCES:
         raise UsageError(f"at most {MAX_REFERENCES} references, got {len(paths)}")
     refs = [model.tokenizer.encode(read_text_file(p, "reference")) for p in paths]
-    return SpeculationIndex(model.vocab_size, references=refs)
+    return SpeculationIndex(model.vocab_size, references=refs, edits=edits)
 
 
 # -- text from the user ----------------------------------------------------------------------

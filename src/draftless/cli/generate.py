@@ -75,7 +75,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     try:
         stops = model.eos_token_ids | frozenset(stop_ids_from(args.stop_id, model.vocab_size))
         ids = encode_prompt(model, text, chat=args.chat, system=system)
-        source = make_source(model, args.spec_ref) if args.spec else None
+        source = make_source(model, args.spec_ref, edits=not args.no_edits) if args.spec else None
         dec = SpeculativeDecoder(model, sampling=sampling, source=source, options=spec)
         dec.append(ids)
         recorder = None if args.logprobs is None else LogprobRecorder(dec, args.logprobs)
@@ -107,8 +107,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 "threads": model.threads,
                 "dtype": getattr(model, "dtype", None),  # transformers'; None on llama.cpp
             }
-            if args.spec:
+            if source is not None:
                 payload["spec"] = dec.stats.to_json()
+                payload["spec"]["edits"] = source.edit_stats()
             if recorder is not None:
                 piece = model.tokenizer.decode
                 payload["logprobs"] = [

@@ -18,6 +18,7 @@ from draftless.cli.common import (
     MAX_REFERENCES,
     UsageError,
     add_model_options,
+    add_no_edits_option,
     open_model,
     read_text_file,
 )
@@ -30,6 +31,7 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (8000)")
     p.add_argument("--no-spec", action="store_true", help="plain decoding (no speculation)")
+    add_no_edits_option(p)
     p.add_argument(
         "--spec-ref",
         action="append",
@@ -70,6 +72,8 @@ def build_app(args: argparse.Namespace) -> Any:
         raise UsageError(f"--index-budget must be >= 0 bytes, got {args.index_budget}")
     if args.no_spec and args.spec_ref:
         raise UsageError("--spec-ref needs speculation (drop --no-spec)")
+    if args.no_spec and args.no_edits:
+        raise UsageError("--no-edits needs speculation (drop --no-spec)")
     if len(args.spec_ref) > MAX_REFERENCES:
         raise UsageError(f"at most {MAX_REFERENCES} references, got {len(args.spec_ref)}")
     documents = [read_text_file(path, "reference") for path in args.spec_ref]
@@ -81,6 +85,7 @@ def build_app(args: argparse.Namespace) -> Any:
         references=documents,
         index_budget=args.index_budget,
         options=options,
+        edits=not args.no_edits,
     )
     return create_app(engine)
 

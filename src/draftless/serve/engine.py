@@ -112,9 +112,11 @@ class Engine:
         index_budget: int = DEFAULT_INDEX_BUDGET,
         options: SpecOptions | None = None,
         metrics: Metrics | None = None,
+        edits: bool = True,
     ) -> None:
         self.model = model
         self.spec = spec
+        self.edits = edits  # carry edits learned from the stream into drafts
         self.metrics = metrics or Metrics()
         self.references = [model.tokenizer.encode(text) for text in references]
         self.history = RequestHistory(index_budget if spec else 0)
@@ -285,7 +287,9 @@ class Engine:
             names.append("history")
         docs += [self.model.tokenizer.encode(text) for text in texts]
         names += [f"request[{i}]" for i in range(len(texts))]
-        index = SpeculationIndex(self.model.vocab_size, max_references=max(8, len(docs)))
+        index = SpeculationIndex(
+            self.model.vocab_size, max_references=max(8, len(docs)), edits=self.edits
+        )
         for doc in docs:
             index.add_reference(doc)
         return index, names
@@ -322,6 +326,7 @@ class Engine:
             "acceptance": round(s.acceptance, 4),
             "tokens_per_step": round(s.tokens_per_step, 4),
             "sources": sources,
+            "edits": dec.source.edit_stats() if isinstance(dec.source, SpeculationIndex) else None,
             "seed": dec.seed,
             "prompt_tokens": prompt_tokens,
             "reused_tokens": reused,

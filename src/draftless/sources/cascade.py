@@ -232,6 +232,10 @@ class SpeculationIndex:
     def recycling(self) -> Recycling | None:
         return self._recycling
 
+    def edit_stats(self) -> dict[str, int] | None:
+        """The edit learner's counts (`EditLearner.stats`), or None with edits=False."""
+        return None if self._edits is None else self._edits.stats()
+
     def members(self) -> tuple[str, ...]:
         """Conversation, then references in order, then recycling (if enabled)."""
         names = [CONVERSATION] + [ref.name for ref in self._references]

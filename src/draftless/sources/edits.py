@@ -71,6 +71,17 @@ class EditLearner:
         self._pending: list[tuple[int, list[int]]] = []  # (departure position, source tokens)
         self._recent: list[int] = []  # committed tokens from position _base on
         self._base = 0
+        self.learned = 0  # substitutions learned (evicted and distrusted ones included)
+        self.held = 0  # proposals whose substituted span the stream then wrote as drafted
+        self.broken = 0  # proposals whose substituted span the stream went against
+
+    def stats(self) -> dict[str, int]:
+        """Counts since the last reset(): substitutions learned, in use now, and the proposals
+        whose substituted span the stream then wrote as drafted (held) or went against
+        (broken). A span reaches several proposals (each reads EXPECT tokens ahead), so held
+        and broken count checks, not sites."""
+        in_use = sum(1 for s in self._subs.values() if s.trusted)
+        return {"learned": self.learned, "in_use": in_use, "held": self.held, "broken": self.broken}
 
     @property
     def substitutions(self) -> dict[tuple[int, ...], tuple[int, ...]]:
@@ -149,8 +160,10 @@ class EditLearner:
                 continue
             if hit:
                 sub.broken += 1  # the stream went against the substitution inside it
+                self.broken += 1
             elif end <= (len(made) if k is None else k):  # all of it committed as drafted
                 sub.held += 1
+                self.held += 1
         if k is None or inside or match_len < MIN_MATCH or len(tokens) - k < REJOIN + 1:
             return
         if not self._pending:  # keep the stream from the departure on
@@ -195,3 +208,4 @@ class EditLearner:
                 del self._first[first[0]]
         self._subs[old] = _Substitution(new)
         self._first.setdefault(old[0], []).append(old)
+        self.learned += 1
