@@ -143,6 +143,7 @@ def test_models_health_and_metrics(spec: ServerThread) -> None:
         "draftless_verify_share",
         "draftless_queue_depth",
         "draftless_index_bytes",
+        "draftless_edits_learned_total",
     ):
         assert name in metrics
     assert_error(httpx.get(spec.url + "/v1/nowhere"), 404)

@@ -6,14 +6,17 @@ each equal to its run alone."""
 from __future__ import annotations
 
 import asyncio
+import string
 import threading
 import time
 from typing import Any
 
+import numpy as np
 import pytest
 
 pytest.importorskip("fastapi")
 
+from draftless.decoder import SpecOptions
 from draftless.models.base import ContextFull
 from draftless.serve.engine import Cancelled, Engine, Finished, Job, ServerClosing, Started
 from draftless.serve.protocol import ChatRequest, CompletionRequest
@@ -200,3 +203,41 @@ def test_edits_can_be_turned_off_and_their_counts_come_with_each_answer() -> Non
     counts = answers[True].stats["edits"]
     assert set(counts) == {"learned", "in_use", "held", "broken"}
     assert all(isinstance(v, int) and v >= 0 for v in counts.values())
+
+
+class Renamer(InductionModel):
+    """Greedy decoding writes `text` (token ids) after a prompt of `prompt_len` tokens."""
+
+    def __init__(self, prompt_len: int, text: list[int]) -> None:
+        super().__init__(vocab=128, seed=0)
+        self.prompt_len, self.text = prompt_len, text
+
+    def row(self, prefix):
+        k = min(len(prefix) - self.prompt_len, len(self.text) - 1)
+        logits = np.zeros(self.vocab_size, dtype=np.float32)
+        logits[self.text[k]] = 5.0
+        return logits
+
+
+def test_a_rename_in_an_answer_is_learned_and_counted_in_the_metrics() -> None:
+    """The prompt is a text with `%%` at four places; the model writes it back with `&` there.
+    The answer equals plain's, and the learner's substitution is in its stats and /metrics."""
+    rng = np.random.default_rng(7)
+    letters = string.ascii_letters + string.digits
+    words = ["".join(rng.choice(list(letters), 30)) for _ in range(5)]
+    prompt, edited = "%%".join(words), "&".join(words)
+    ids = [b for b in prompt.encode()]
+    text = [b for b in edited.encode()]
+    body = CompletionRequest(prompt=prompt, max_tokens=len(text), temperature=0)
+    answers = {}
+    for spec in (False, True):
+        engine = Engine(Renamer(len(ids), text), spec=spec, options=SpecOptions(gate=False))
+        try:
+            answers[spec] = finished(asyncio.run(run(engine, body)))
+            metrics = engine.metrics
+        finally:
+            engine.close()
+    assert answers[True].text == answers[False].text
+    learned = answers[True].stats["edits"]["learned"]
+    assert learned >= 1 and answers[True].stats["edits"]["held"] >= 1
+    assert metrics.registry.get_sample_value("draftless_edits_learned_total") == learned

@@ -343,6 +343,10 @@ class Engine:
         m.reused_tokens.inc(reused)
         m.completion_tokens.inc(completion_tokens)
         m.record_decode(s.drafted, s.accepted, s.steps, s.verify_steps)
+        source = self.decoder.source  # this request's own index
+        edits = source.edit_stats() if isinstance(source, SpeculationIndex) else None
+        if edits is not None:
+            m.edits_learned.inc(edits["learned"])
         m.index_bytes.set(self.history.charged_bytes)
         m.index_tokens.set(self.history.n_tokens)
 

@@ -34,6 +34,11 @@ class Metrics:
         self.verify_steps = Counter(
             "draftless_verify_steps", "forwards that checked a draft", registry=r
         )
+        self.edits_learned = Counter(
+            "draftless_edits_learned",
+            "substitutions (renames, changed values) the edit learner took from the streams",
+            registry=r,
+        )
         self.acceptance = Gauge(
             "draftless_acceptance_ratio", "accepted / drafted since start", registry=r
         )
