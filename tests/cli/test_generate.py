@@ -212,6 +212,11 @@ def test_no_edits_writes_what_plain_writes_and_reports_no_learner() -> None:
         assert out["spec"]["drafted"] > 0
     assert runs[("--no-edits",)]["spec"]["edits"] is None
     assert set(runs[()]["spec"]["edits"]) == {"learned", "in_use", "held", "broken"}
+    text = run(*[a for a in args if a != "--json"], "--spec")
+    assert text.returncode == 0 and "\nedits: learned " in text.stderr, text.stderr
+    text = run(*[a for a in args if a != "--json"], "--spec", "--no-edits")
+    assert text.returncode == 0 and "spec: steps=" in text.stderr
+    assert "edits:" not in text.stderr
 
 
 @pytest.mark.slow

@@ -441,6 +441,7 @@ def test_smollm2_piped_chat_speculative_equals_plain(smollm2, tmp_path: Path) ->
     assert spec.stdout.rstrip("\n").endswith(plain_replies[0])
     assert len([line for line in spec.stderr.splitlines() if "spec: steps=" in line]) == 3
     assert "reference[0] " in spec.stdout and "(reference[1]: " in spec.stdout
+    assert "\nedits: learned " in spec.stdout  # /stats: the learner's counts
     errors = user_errors(spec.stderr)
     assert len(errors) == 1 and "not found" in errors[0]
 

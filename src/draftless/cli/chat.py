@@ -37,6 +37,7 @@ from draftless.cli.common import (
     add_spec_options,
     add_stop_options,
     checked_text,
+    edits_summary,
     open_model,
     read_text_file,
     sampling_from,
@@ -284,6 +285,9 @@ class Repl:
         ]
         if conv.speculation:
             lines.append(s.summary())
+            edits = edits_summary(conv.index)
+            if edits is not None:
+                lines.append(edits)
             lines.append(f"references: {len(conv.references)}")
         else:
             lines.append("speculation off (start with --spec to speculate)")

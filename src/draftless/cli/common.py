@@ -208,6 +208,14 @@ def open_model(args: argparse.Namespace, *, quiet: bool = False) -> Model:
     return model
 
 
+def edits_summary(source: object) -> str | None:
+    """One line of the edit learner's counts, or None without the learner."""
+    stats = source.edit_stats() if isinstance(source, SpeculationIndex) else None
+    if stats is None:
+        return None
+    return "edits: learned {learned}, in use {in_use}, held {held}, broken {broken}".format(**stats)
+
+
 def make_source(model: Model, paths: Sequence[str], *, edits: bool = True) -> SpeculationIndex:
     """The cascade over the conversation and the reference files at `paths`."""
     if len(paths) > MAX_REFERENCES:

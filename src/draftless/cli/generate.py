@@ -18,6 +18,7 @@ from draftless.cli.common import (
     add_spec_options,
     add_stop_options,
     checked_text,
+    edits_summary,
     load_with_notes,
     make_source,
     print_notes,
@@ -127,6 +128,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
             print(f"{len(out)} tokens in {seconds:.2f} s ({rate:.1f} tok/s)", file=sys.stderr)
             if args.spec:
                 print(dec.stats.summary(), file=sys.stderr)
+                line = edits_summary(source)
+                if line is not None:
+                    print(line, file=sys.stderr)
     finally:
         model.close()
     return 0
