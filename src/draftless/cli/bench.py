@@ -37,10 +37,9 @@ from draftless.bench.runner import (
     method_info,
 )
 from draftless.bench.tasks import Task, TaskError, load_tasks, task_names
-from draftless.cli.common import MAX_DRAFT, add_dtype_option, add_no_edits_option
+from draftless.cli.common import MAX_DRAFT, add_dtype_option, add_no_edits_option, make_source
 from draftless.errors import UsageError
 from draftless.models.base import Model, ModelError
-from draftless.sources.cascade import SpeculationIndex
 
 # --backend's choices, and the backends each one runs
 BACKEND_RUNS: dict[str, tuple[str, ...]] = {
@@ -198,7 +197,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
                     max_draft=args.max_draft,
                     probe=args.probe,
                     only_peers=only_peers,
-                    make_source=_without_edits if args.no_edits else None,
+                    make_source=(
+                        functools.partial(make_source, paths=(), edits=False)
+                        if args.no_edits
+                        else None
+                    ),
                 )
             )
             if len(results) < len(backends):  # keep what is done if a later backend fails
@@ -249,10 +252,6 @@ def select_peers(peers: Sequence[Method], only: Sequence[str]) -> list[Method]:
     named = [n for n in only if n in by_name]
     wanted = set(named) | {by_name[n].baseline for n in named if by_name[n].baseline}
     return [p for p in peers if p.name in wanted]
-
-
-def _without_edits(model: Model) -> SpeculationIndex:
-    return SpeculationIndex(model.vocab_size, edits=False)
 
 
 def _load(model: str, backend: str, options: dict[str, Any]) -> Model:

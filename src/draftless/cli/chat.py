@@ -22,8 +22,9 @@ import argparse
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from types import FrameType
 from typing import Any, TextIO
 
@@ -38,6 +39,7 @@ from draftless.cli.common import (
     add_stop_options,
     checked_text,
     edits_summary,
+    make_source,
     open_model,
     read_text_file,
     sampling_from,
@@ -46,7 +48,6 @@ from draftless.cli.common import (
 )
 from draftless.errors import UserError
 from draftless.progress import Spinner
-from draftless.sources.cascade import SpeculationIndex
 
 HELP = f"""commands:
   /reset        start a new conversation (reference documents are kept)
@@ -96,7 +97,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
             extra_stop_ids=args.stop_id,
             stop_sequences=sequences,
             max_new_tokens=args.max_new_tokens,
-            index_factory=_without_edits(model.vocab_size) if args.no_edits else None,
+            index_factory=partial(make_source, model, (), edits=False) if args.no_edits else None,
         )
         for path, text in documents:
             with Spinner(f"tokenizing {path}"):
@@ -349,10 +350,6 @@ class Repl:
             readline.write_history_file(self._history_file)
         except (ImportError, OSError):
             pass
-
-
-def _without_edits(vocab_size: int) -> Callable[[], SpeculationIndex]:
-    return lambda: SpeculationIndex(vocab_size, edits=False)
 
 
 def _rate(tokens: int, seconds: float) -> str:

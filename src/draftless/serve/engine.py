@@ -267,7 +267,7 @@ class Engine:
         queued = started - job.arrived
         times = (queued, prefill_seconds, seconds)
         stats = self._stats(reason, len(ids), reused, len(tokens), times, names)
-        self._record(len(ids), reused, len(tokens))
+        self._record(len(ids), reused, len(tokens), stats["edits"])
         finish = "length" if reason in ("length", "context") else "stop"
         # a stop id ends the run but is no text: it has no log probability to show
         shown_tokens = len(tokens) - (reason == "stop")
@@ -337,15 +337,15 @@ class Engine:
             "index_tokens": self.history.n_tokens,
         }
 
-    def _record(self, prompt_tokens: int, reused: int, completion_tokens: int) -> None:
+    def _record(
+        self, prompt_tokens: int, reused: int, completion_tokens: int, edits: dict[str, int] | None
+    ) -> None:
         m, s = self.metrics, self.decoder.stats
         m.prompt_tokens.inc(prompt_tokens)
         m.reused_tokens.inc(reused)
         m.completion_tokens.inc(completion_tokens)
         m.record_decode(s.drafted, s.accepted, s.steps, s.verify_steps)
-        source = self.decoder.source  # this request's own index
-        edits = source.edit_stats() if isinstance(source, SpeculationIndex) else None
-        if edits is not None:
+        if edits is not None:  # the learner's counts in this request's stats
             m.edits_learned.inc(edits["learned"])
         m.index_bytes.set(self.history.charged_bytes)
         m.index_tokens.set(self.history.n_tokens)
