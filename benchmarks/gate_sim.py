@@ -210,9 +210,10 @@ def replay_one(entry: dict, vocab: int, table, truth=None) -> dict:
 def modeled_row(s, table) -> dict:
     """A run's stats -> its modeled speedup (committed tokens over plain steps plus the
     table's C(1 + draft) per verify) and the counts behind it."""
-    cost = s.plain_steps + sum(n * table.cost(1 + d) for d, n in s.draft_lengths.items())
+    from draftless.bench.report import modeled_speedup
+
     return {
-        "modeled_speedup": s.committed / cost,
+        "modeled_speedup": modeled_speedup(s, table),
         "verifies": s.verify_steps,
         "drafted": s.drafted,
         "accepted": s.accepted,

@@ -15,6 +15,8 @@ from draftless.bench.runner import DRAFTLESS, PLAIN, Settings, first_mismatch
 from draftless.bench.tasks import MIN_PROMPTS, TASK_ORDER, TaskError, load_task, load_tasks
 from draftless.cli import main
 from draftless.cli.bench import bench_backend, build_result, select_peers
+from draftless.costs import CostTable
+from draftless.metrics import DecodeStats
 from fakes import InductionModel
 
 
@@ -160,6 +162,31 @@ def test_quick_run_on_fake_model_is_identical_and_writes_reports(cache: Path) ->
     worst_id = min(speedups, key=lambda k: speedups[k] or 0.0)
     assert free[0].got == speedups[worst_id] and f"worst prompt {worst_id}" in free[0].why
     assert "| Worst prompt |" in md and f"({worst_id})" in md
+    # beside it, what its verifies model by the table, and the run's prompts with no verify
+    table = report._table(backend)
+    assert table is not None
+    stats = {p.prompt_id: p.methods[DRAFTLESS].stats for p in free_task.prompts}
+    worst_stats = stats[worst_id]
+    assert worst_stats is not None
+    if worst_stats.verify_steps:
+        modeled = report.modeled_speedup(worst_stats, table)
+        assert f"its verifies by the cost table: {modeled:.3f}x" in free[0].why
+    else:
+        assert f"worst prompt {worst_id} (no verify)" in free[0].why
+    idle = [k for k, st in stats.items() if st is not None and st.verify_steps == 0]
+    assert (f"{len(idle)} of {len(stats)} prompts made no verify" in free[0].why) == bool(idle)
+
+
+def test_modeled_speedup_prices_every_forward_by_the_table() -> None:
+    """Oracle by hand: 10 plain steps and two verifies of 3 draft tokens (C(4) = 2.0 each)
+    committed 10 + 4 + 2 tokens at a cost of 10 + 2 x 2.0 plain steps."""
+    table = CostTable((1, 2, 4, 8), (1.0, 1.5, 2.0, 3.0))
+    stats = DecodeStats(steps=12, plain_steps=10, verify_steps=2, committed=16)
+    stats.draft_lengths[3] = 2
+    assert report.modeled_speedup(stats, table) == pytest.approx(16 / 14)
+    plain = DecodeStats(steps=7, plain_steps=7, committed=7)
+    assert report.modeled_speedup(plain, table) == 1.0  # plain decoding models at exactly 1
+    assert report.modeled_speedup(DecodeStats(), table) is None
 
 
 def test_outputs_are_replaced_atomically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

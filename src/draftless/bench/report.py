@@ -13,6 +13,7 @@ import io
 import json
 import os
 import platform
+import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from draftless.bench.runner import (
     TaskResult,
 )
 from draftless.costs import CostTable
+from draftless.metrics import DecodeStats
 
 FREE_FORM_FLOOR = 0.98  # free-form: the worst prompt's speedup at least this (issues 11, 12)
 PACKAGES = ("numpy", "torch", "transformers", "llama_cpp_python", "numba", "matplotlib")
@@ -111,7 +113,7 @@ def targets_for(backend: BackendResult) -> list[Target]:
             worst = worst_prompt(task)
             got = worst[1] if worst else None
             met = None if got is None else got >= FREE_FORM_FLOOR
-            where = f"worst prompt {worst[0]}" if worst else ""
+            where = _worst_and_noise(task, worst, table)
             out.append(
                 Target(
                     backend.backend,
@@ -155,6 +157,46 @@ def worst_prompt(task: TaskResult) -> tuple[str, float] | None:
         if (m := p.methods.get(DRAFTLESS)) is not None and m.speedup is not None
     ]
     return min(speedups, key=lambda ps: ps[1]) if speedups else None
+
+
+def modeled_speedup(stats: DecodeStats, table: CostTable) -> float | None:
+    """Committed tokens over what a run's forwards cost by the cost table (a plain step 1, a
+    verify of d draft tokens C(1 + d)): the speedup the gate's verifies earn by the table,
+    free of the machine's noise and of the decoder's own time per step. None: no step."""
+    cost = stats.plain_steps + sum(n * table.cost(1 + d) for d, n in stats.draft_lengths.items())
+    return stats.committed / cost if cost > 0 else None
+
+
+def _worst_and_noise(
+    task: TaskResult, worst: tuple[str, float] | None, table: CostTable | None
+) -> str:
+    """The worst prompt, what its verifies model by the table, and the speedups of this run's
+    prompts that made no verify: they run the same forwards as plain, so they read this run's
+    noise and the decoder's own time per step, the yardstick a per-prompt floor is read by."""
+    if worst is None:
+        return ""
+    text = f"worst prompt {worst[0]}"
+    ours = next(p.methods[DRAFTLESS] for p in task.prompts if p.prompt_id == worst[0])
+    modeled = modeled_speedup(ours.stats, table) if ours.stats and table else None
+    if ours.stats is not None and ours.stats.verify_steps == 0:
+        text += " (no verify)"
+    elif modeled is not None:
+        text += f" (its verifies by the cost table: {modeled:.3f}x)"
+    idle = sorted(
+        m.speedup
+        for p in task.prompts
+        if (m := p.methods.get(DRAFTLESS)) is not None
+        and m.speedup is not None
+        and m.stats is not None
+        and m.stats.verify_steps == 0
+    )
+    if idle:
+        text += (
+            f"; {len(idle)} of {len(task.prompts)} prompts made no verify (plain's forwards: "
+            f"the run's noise and per-step time) median {statistics.median(idle):.3f}x, "
+            f"lowest {idle[0]:.3f}x"
+        )
+    return text
 
 
 def _table(backend: BackendResult) -> CostTable | None:
