@@ -1,0 +1,64 @@
+"""Scratch (session 22): time per step in each phase of the decoder, outside the forward, on real SmolLM2
+(llama.cpp, 2 threads, the bench's first 8 free-form prompts, 192 tokens), plain against --spec, three rounds;
+us per step, summed over the prompts. Wrapping adds ~0.5 us a call.
+
+    .venv/bin/python docs/bench/avx2/step_phases.py
+"""
+import sys, time, statistics
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[3] / "src"))
+from draftless import SpecOptions, SpeculativeDecoder, load_model, table_for
+from draftless import decoder as D
+from draftless.bench.tasks import load_task
+from draftless.sources.cascade import SpeculationIndex
+from draftless.sources import cascade as C
+
+T = {}
+def wrap(obj, name, label):
+    f = getattr(obj, name)
+    def w(*a, **k):
+        t0 = time.perf_counter()
+        try: return f(*a, **k)
+        finally: T[label] = T.get(label, 0.0) + time.perf_counter() - t0
+    setattr(obj, name, w)
+wrap(D.SpeculativeDecoder, "_draft", "draft")
+wrap(D.SpeculativeDecoder, "_accept", "accept")
+wrap(D.SpeculativeDecoder, "_account", "account")
+wrap(D.SpeculativeDecoder, "_check_shadows", "shadows")
+wrap(C.SpeculationIndex, "observe", "observe")
+wrap(C.SpeculationIndex, "propose", "propose")
+wrap(D, "topk_rows", "topk")
+wrap(D.SpeculativeDecoder, "_step", "step")
+from draftless.sources import sam as S, edits as E, recycling as R
+from draftless import gate as G
+wrap(S.SamIndex, "_extend_array", "o.sam")
+wrap(E.EditLearner, "observe", "o.edits")
+wrap(R.Recycling, "_observe_array", "o.recyc")
+wrap(C, "as_token_array", "o.astok")
+wrap(G.CostGate, "budget", "d.budget")
+wrap(G.CostGate, "pays", "d.pays")
+wrap(D.SpeculativeDecoder, "_gate_for", "d.gatefor")
+wrap(D.SpeculativeDecoder, "_valid", "d.valid")
+wrap(E.EditLearner, "apply", "p.eapply")
+wrap(E.EditLearner, "expect", "p.eexpect")
+wrap(S.SamIndex, "draft", "p.samdraft")
+wrap(G.CostGate, "record_shadow", "s.record")
+wrap(D.SpeculativeDecoder, "_pool_add", "s.pool")
+
+
+model = load_model("smollm2", backend="llamacpp", n_threads=2)
+lib = model._lib if hasattr(model, "_lib") else None
+wrap(type(model), "forward", "forward")
+table = table_for(model)[0]
+prompts=[model.tokenizer.apply_chat_template([{"role": "user", "content": p.text}]) for p in load_task("free-form").prompts]
+for rnd in range(3):
+  for spec in (False, True):
+    T.clear(); steps = 0
+    for ids in prompts[:8]:
+        src = SpeculationIndex(model.vocab_size) if spec else None
+        dec = SpeculativeDecoder(model, source=src, options=SpecOptions(), cost_table=table)
+        dec.append(ids)
+        n = 0
+        while n < 192:
+            got = dec.step(192 - n); n += len(got); steps += 1
+            if model.eos_token_ids & set(got): break
+    print("spec" if spec else "plain", steps, " ".join(f"{k}={v/steps*1e6:.0f}" for k, v in sorted(T.items())), "step-fwd=%.0f" % ((T["step"]-T["forward"])/steps*1e6))
