@@ -20,33 +20,25 @@ def wrap(obj, name, label):
         try: return f(*a, **k)
         finally: T[label] = T.get(label, 0.0) + time.perf_counter() - t0
     setattr(obj, name, w)
-wrap(D.SpeculativeDecoder, "_draft", "draft")
-wrap(D.SpeculativeDecoder, "_accept", "accept")
-wrap(D.SpeculativeDecoder, "_account", "account")
-wrap(D.SpeculativeDecoder, "_check_shadows", "shadows")
-wrap(C.SpeculationIndex, "observe", "observe")
-wrap(C.SpeculationIndex, "propose", "propose")
-wrap(D, "topk_rows", "topk")
-wrap(D.SpeculativeDecoder, "_step", "step")
 from draftless.sources import sam as S, edits as E, recycling as R
 from draftless import gate as G
-wrap(S.SamIndex, "_extend_array", "o.sam")
-wrap(E.EditLearner, "observe", "o.edits")
-wrap(R.Recycling, "_observe_array", "o.recyc")
-wrap(C, "as_token_array", "o.astok")
-wrap(G.CostGate, "budget", "d.budget")
-wrap(G.CostGate, "pays", "d.pays")
-wrap(D.SpeculativeDecoder, "_gate_for", "d.gatefor")
-wrap(D.SpeculativeDecoder, "_valid", "d.valid")
-wrap(E.EditLearner, "apply", "p.eapply")
-wrap(E.EditLearner, "expect", "p.eexpect")
-wrap(S.SamIndex, "draft", "p.samdraft")
-wrap(G.CostGate, "record_shadow", "s.record")
-wrap(D.SpeculativeDecoder, "_pool_add", "s.pool")
+SD, SI = D.SpeculativeDecoder, C.SpeculationIndex
+for obj, name, label in [
+    (SD, "_draft", "draft"), (SD, "_accept", "accept"), (SD, "_account", "account"),
+    (SD, "_check_shadows", "shadows"), (SI, "observe", "observe"), (SI, "propose", "propose"),
+    (D, "topk_rows", "topk"), (SD, "_step", "step"),
+    (S.SamIndex, "_extend_array", "o.sam"), (E.EditLearner, "observe", "o.edits"),
+    (R.Recycling, "_observe_array", "o.recyc"), (C, "as_token_array", "o.astok"),
+    (G.CostGate, "budget", "d.budget"), (G.CostGate, "pays", "d.pays"),
+    (SD, "_gate_for", "d.gatefor"), (SD, "_valid", "d.valid"),
+    (E.EditLearner, "apply", "p.eapply"), (E.EditLearner, "expect", "p.eexpect"),
+    (S.SamIndex, "draft", "p.samdraft"), (G.CostGate, "record_shadow", "s.record"),
+    (SD, "_pool_add", "s.pool"),
+]:
+    wrap(obj, name, label)
 
 
 model = load_model("smollm2", backend="llamacpp", n_threads=2)
-lib = model._lib if hasattr(model, "_lib") else None
 wrap(type(model), "forward", "forward")
 table = table_for(model)[0]
 prompts=[model.tokenizer.apply_chat_template([{"role": "user", "content": p.text}]) for p in load_task("free-form").prompts]

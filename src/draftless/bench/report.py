@@ -176,12 +176,11 @@ def _worst_and_noise(
     if worst is None:
         return ""
     text = f"worst prompt {worst[0]}"
-    ours = next(p.methods[DRAFTLESS] for p in task.prompts if p.prompt_id == worst[0])
-    modeled = modeled_speedup(ours.stats, table) if ours.stats and table else None
-    if ours.stats is not None and ours.stats.verify_steps == 0:
+    stats = next(p.methods[DRAFTLESS] for p in task.prompts if p.prompt_id == worst[0]).stats
+    if stats is not None and stats.verify_steps == 0:
         text += " (no verify)"
-    elif modeled is not None:
-        text += f" (its verifies by the cost table: {modeled:.3f}x)"
+    elif stats is not None and table is not None:
+        text += f" (its verifies by the cost table: {modeled_speedup(stats, table):.3f}x)"
     idle = sorted(
         m.speedup
         for p in task.prompts
