@@ -17,9 +17,9 @@ from draftless.decoder import (
     SpecOptions,
     SpeculativeDecoder,
     TokenOutOfVocabulary,
-    generate,
     topk_rows,
 )
+from draftless.decoder import generate as timed_generate
 from draftless.errors import UserError
 from draftless.gate import GateOptions
 from draftless.sampling import SamplingOptions, sample
@@ -32,6 +32,14 @@ from fakes import (
     perfect_source,
     random_source,
 )
+
+
+def generate(*args, **kwargs):
+    """`draftless.decoder.generate` pricing forwards by the cost table alone: what the gate
+    decides here must not depend on how loaded this machine is. The live rescale is tested
+    with a fake clock (test_live_timings_turn_off_what_a_wrong_table_calls_free and the next)."""
+    return timed_generate(*args, clock=None, **kwargs)
+
 
 VOCAB = 40
 PROMPT = [3, 7, 9, 3, 7, 9, 1, 2, 3, 7]
@@ -200,8 +208,9 @@ def test_gating_is_orthogonal_to_the_stream() -> None:
         if dear:  # starts off: garbage never earns a verify
             assert st.verify_steps == 0 and st.gate_off == 0 and st.gate_on == 0
             assert st.shadow_checks > 200
-        else:  # starts on, trips; shadow checks (a lucky run of them may pass)
-            assert st.gate_off >= 1 and st.verify_steps < 10
+        else:  # starts on, trips; shadow checks (a lucky run of them may turn it on again)
+            # on so flat a table a lost verify costs little: ~7 of them trip it, not 300
+            assert st.gate_off >= 1 and st.verify_steps < st.steps / 10
             assert st.shadow_checks > 200
         assert st.members["draft"].shadow_checks == st.shadow_checks
 

@@ -653,8 +653,10 @@ def generate(
     stop_ids: Iterable[int] | None = None,
     cost_table: CostTable | None = None,
     verify_row_hook: VerifyRowHook | None = None,
+    clock: Callable[[], float] | None = time.perf_counter,
 ) -> GenerationResult:
     """One generation from a fresh cache: plain when `source` is None, else speculative.
+    `clock` times forwards for the gate's live rescale; None prices them by the table alone.
 
     Holds the model for the whole run: threads sharing a model take turns, and each gets
     what it would have got alone."""
@@ -665,6 +667,7 @@ def generate(
             source=source,
             options=options,
             cost_table=cost_table,
+            clock=clock,
             verify_row_hook=verify_row_hook,
         )
         dec.append(prompt_ids)
