@@ -3,15 +3,18 @@ and no output file left behind."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from draftless.cli import common
 from draftless.costs import PROBE_KS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -317,6 +320,50 @@ def test_a_prompt_argument_that_is_not_utf8_is_a_one_line_error() -> None:
 
 def test_a_prompt_file_that_is_a_directory(tmp_path: Path) -> None:
     assert_user_error(run("generate", "--prompt-file", str(tmp_path), "-n", "4"), "is a directory")
+
+
+def _feed_fifo(path: Path, data: bytes) -> threading.Thread:
+    """A named pipe at `path` that a thread writes `data` into once a reader opens it."""
+    os.mkfifo(path)
+
+    def write() -> None:
+        with contextlib.suppress(BrokenPipeError), path.open("wb") as f:
+            f.write(data)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    return writer
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes on this platform")
+def test_a_prompt_file_that_is_a_pipe_is_read_not_called_missing(tmp_path: Path) -> None:
+    """`--prompt-file <(...)` hands over a pipe, not a regular file: it is read (here it holds
+    only blanks, so the error is the empty prompt's, before any model loads), as is /dev/null."""
+    pipe = tmp_path / "prompt"
+    writer = _feed_fifo(pipe, b"  \n")
+    assert_user_error(run("generate", "--prompt-file", str(pipe), "-n", "4"), "the prompt is empty")
+    writer.join(timeout=10)
+    assert not writer.is_alive()
+    empty = run("generate", "--prompt-file", os.devnull, "-n", "4")
+    assert_user_error(empty, "the prompt is empty")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes on this platform")
+def test_a_reference_on_a_pipe_is_held_to_the_size_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pipe has no size to check first: the reference limit holds on what is read."""
+    monkeypatch.setattr(common, "MAX_REFERENCE_BYTES", 16)
+    fits, over = tmp_path / "fits", tmp_path / "over"
+    _feed_fifo(fits, b"x" * 16)
+    assert common.read_text_file(str(fits), "reference") == "x" * 16
+    _feed_fifo(over, b"x" * 17)
+    with pytest.raises(common.UsageError, match="more than 16 bytes; the limit is 16"):
+        common.read_text_file(str(over), "reference")
+    regular = tmp_path / "regular.txt"
+    regular.write_bytes(b"y" * 17)
+    with pytest.raises(common.UsageError, match="is 17 bytes; the limit is 16"):
+        common.read_text_file(str(regular), "reference")
 
 
 @pytest.mark.slow

@@ -239,21 +239,25 @@ def checked_text(text: str, what: str) -> str:
 
 
 def read_text_file(path: str, what: str) -> str:
-    """A UTF-8 text file's contents; "-" reads standard input."""
+    """A UTF-8 text file's contents; "-" reads standard input. A path that is not a regular
+    file but can be read (a shell's `<(...)` pipe, /dev/stdin) is read as a stream."""
     if path == "-":
         return _decode_text(sys.stdin.buffer.read(), f"{what} on standard input")
     p = Path(path)
     if p.is_dir():
         raise UsageError(f"{what} {path} is a directory, not a file")
-    if not p.is_file():
+    if not p.exists():
         raise UsageError(f"{what} not found: {path}")
-    size = p.stat().st_size
-    if what == "reference" and size > MAX_REFERENCE_BYTES:
-        raise UsageError(f"reference {path} is {size} bytes; the limit is {MAX_REFERENCE_BYTES}")
+    limit = MAX_REFERENCE_BYTES if what == "reference" else None
+    if limit is not None and p.is_file() and (size := p.stat().st_size) > limit:
+        raise UsageError(f"reference {path} is {size} bytes; the limit is {limit}")
     try:
-        data = p.read_bytes()
+        with p.open("rb") as f:
+            data = f.read() if limit is None else f.read(limit + 1)  # a stream has no size
     except OSError as err:
         raise UsageError(f"cannot read {what} {path}: {err.strerror}") from None
+    if limit is not None and len(data) > limit:
+        raise UsageError(f"reference {path} is more than {limit} bytes; the limit is {limit}")
     return _decode_text(data, f"{what} {path}")
 
 
