@@ -43,9 +43,10 @@ def main() -> None:
     def variant(key: str, *extra: str) -> ServerConfig:
         return ServerConfig(key, f"draft {key}", base.args + extra, fresh=True)
 
+    # llama_server_peers appends the bench's own lsrv-draft ("draft": --spec-draft-n-max 3,
+    # llama-server's default, and --poll 50) after these, since the draft model is given
     configs = [
         CONFIGS[0],  # plain
-        variant("default"),  # --spec-draft-n-max 3 (llama-server's default), --poll 50
         variant("n8", "--spec-draft-n-max", "8"),
         variant("n16", "--spec-draft-n-max", "16"),
         variant("n16-nopoll", "--spec-draft-n-max", "16", "--poll", "0", "--poll-draft", "0"),
