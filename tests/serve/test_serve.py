@@ -102,6 +102,8 @@ def streamed(server: ServerThread, body: dict[str, Any]) -> tuple[str, list[dict
     assert done
     text = ""
     for c in chunks:
+        if not c["choices"]:  # include_usage's last chunk
+            continue
         choice = c["choices"][0]
         text += choice["delta"].get("content", "") if "delta" in choice else choice["text"]
     return text, chunks
@@ -206,6 +208,33 @@ def test_streaming_equals_the_whole_response(spec, plain) -> None:
         model="smollm2", messages=CHAT, max_tokens=30, temperature=0, stream=True
     )
     assert "".join(c.choices[0].delta.content or "" for c in stream) == text
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_include_usage_ends_a_stream_with_a_usage_chunk(spec, plain, chat) -> None:
+    """OpenAI's stream_options.include_usage: every chunk carries "usage": null, then one
+    last chunk with no choices carries the whole request's usage."""
+    body: dict[str, Any] = {"max_tokens": 12, "temperature": 0}
+    body |= {"messages": CHAT} if chat else {"prompt": "The capital of France"}
+    whole = complete(plain, body)
+    text, chunks = streamed(spec, {**body, "stream_options": {"include_usage": True}})
+    assert text == text_of(whole)
+    *pieces, last = chunks
+    assert last["choices"] == [] and last["usage"] == whole["usage"]
+    assert all(c["usage"] is None for c in pieces) and all(c["choices"] for c in pieces)
+    assert pieces[-1]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"]
+    client = openai.OpenAI(base_url=spec.url + "/v1", api_key="none", max_retries=0)
+    if chat:
+        stream = client.chat.completions.create(
+            model="smollm2", stream=True, stream_options={"include_usage": True}, **body
+        )
+    else:
+        stream = client.completions.create(
+            model="smollm2", stream=True, stream_options={"include_usage": True}, **body
+        )
+    got = list(stream)
+    assert got[-1].usage is not None
+    assert got[-1].usage.completion_tokens == whole["usage"]["completion_tokens"]
 
 
 def test_stop_strings_and_stop_ids(spec, plain) -> None:
@@ -348,6 +377,21 @@ BAD = [
     ("/v1/completions", {"prompt": "hi", "echo": True}, "echo"),
     ("/v1/completions", {"prompt": "hi", "suffix": "end"}, "suffix"),
     ("/v1/completions", {"prompt": "hi", "best_of": 3}, "best_of"),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+        "messages.0.content.0.type",
+    ),
+    (
+        "/v1/chat/completions",
+        {**GOOD_CHAT, "stream_options": {"include_usage": True}},
+        "stream_options",
+    ),
+    (
+        "/v1/completions",
+        {"prompt": "hi", "stream": True, "stream_options": {"include_usage": 3}},
+        "stream_options.include_usage",
+    ),
 ]
 
 

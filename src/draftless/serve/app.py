@@ -187,10 +187,19 @@ def create_app(engine: Engine) -> FastAPI:
         is_chat = isinstance(params, wire.ChatRequest)
         rid = wire.new_id("chatcmpl" if is_chat else "cmpl")
 
+        # With include_usage, OpenAI's chunks carry "usage": null until a last chunk of
+        # their own; without it, the chunk that finishes carries the usage.
+        usage_chunk = params.usage_chunk
+
         def chunk(
             text: str | None, finish: str | None = None, extra: Any = None, logprobs: Any = None
         ) -> dict[str, str]:
             body = wire.chunk(is_chat, rid, model_name, text, finish, extra, logprobs)
+            if usage_chunk:
+                body["usage"] = None
+            return data(body)
+
+        def data(body: dict[str, Any]) -> dict[str, str]:
             return {"data": json.dumps(body, ensure_ascii=False)}
 
         done = False
@@ -207,6 +216,8 @@ def create_app(engine: Engine) -> FastAPI:
                     use = wire.usage(item.prompt_tokens, item.completion_tokens)
                     extra = {"usage": use, "draftless": item.stats}
                     yield chunk("", item.finish_reason, extra, item.logprobs)
+                    if usage_chunk:
+                        yield data(wire.usage_chunk(is_chat, rid, model_name, use))
                     yield {"data": "[DONE]"}
                     done = True
                     metrics.latency.observe(time.perf_counter() - job.arrived)

@@ -89,6 +89,15 @@ def error_body(
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
+class StreamOptions(BaseModel):
+    """OpenAI's `stream_options`: `include_usage` adds a last chunk, before `[DONE]`, whose
+    `choices` is empty and whose `usage` counts the whole request."""
+
+    model_config = ConfigDict(extra="ignore")  # e.g. vLLM's continuous_usage_stats
+
+    include_usage: bool = False
+
+
 class _Params(BaseModel):
     """Fields shared by chat and text completions (OpenAI's, then the extensions)."""
 
@@ -105,7 +114,7 @@ class _Params(BaseModel):
     stop: str | list[str] | None = None
     n: int = 1
     stream: bool = False
-    stream_options: dict[str, Any] | None = None
+    stream_options: StreamOptions | None = None
     # extensions (llama-server's names)
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
     top_k: int = Field(default=0, ge=0)
@@ -141,6 +150,13 @@ class _Params(BaseModel):
         if n != 1:
             raise ValueError(f"n must be 1 (this server generates one choice), got {n}")
         return n
+
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_only(cls, opts: StreamOptions | None, info: ValidationInfo) -> StreamOptions | None:
+        if opts is not None and not info.data.get("stream"):
+            raise ValueError("stream_options is only allowed when stream is true")
+        return opts
 
     @field_validator("stop")
     @classmethod
@@ -179,6 +195,11 @@ class _Params(BaseModel):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
     @property
+    def usage_chunk(self) -> bool:
+        """Whether a stream ends with OpenAI's separate usage chunk (`include_usage`)."""
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
     def token_limit(self) -> int | None:
         """max_completion_tokens (the newer name) or max_tokens; None: up to the context."""
         return self.max_completion_tokens or self.max_tokens
@@ -198,8 +219,15 @@ class _Params(BaseModel):
 
 
 class TextPart(BaseModel):
-    type: Literal["text"]
+    type: str
     text: str
+
+    @field_validator("type")
+    @classmethod
+    def _text_only(cls, kind: str) -> str:
+        if kind != "text":  # image_url, input_audio, file: a model of text alone cannot
+            raise ValueError(f"content parts of type {kind!r} are not supported (text only)")
+        return kind
 
     @field_validator("text")
     @classmethod
@@ -369,6 +397,12 @@ def response(
     choice = content | {"finish_reason": finish, "logprobs": logprobs}
     kind = "chat.completion" if chat else "text_completion"
     return _body(kind, rid, model, choice) | {"usage": use, "draftless": stats}
+
+
+def usage_chunk(chat: bool, rid: str, model: str, use: dict[str, int]) -> dict[str, Any]:
+    """A stream's last chunk under `include_usage`: no choices, the whole request's usage."""
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    return _body(kind, rid, model, {}) | {"choices": [], "usage": use}
 
 
 def chunk(
