@@ -644,6 +644,41 @@ def test_a_client_that_disconnects_mid_stream_frees_the_model(spec) -> None:
     still_serving(spec)
 
 
+def test_an_api_key_guards_the_api_and_nothing_else() -> None:
+    server = serve_model(_model(), api_key="s3cret")
+    try:
+        url, good = server.url, {"Authorization": "Bearer s3cret"}
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            for path, body in (
+                ("/v1/completions", {"prompt": "Hi", "max_tokens": 2}),
+                ("/v1/chat/completions", {"messages": "not even valid"}),
+            ):
+                r = httpx.post(url + path, json=body, headers=headers)
+                assert assert_error(r, 401)["code"] == "invalid_api_key"  # before the body
+                assert r.headers["www-authenticate"] == "Bearer"
+            assert httpx.get(url + "/v1/models", headers=headers).status_code == 401
+        assert httpx.get(url + "/health").status_code == 200  # open: load balancers
+        assert 'status="401"' in httpx.get(url + "/metrics").text  # open: scrapers
+        r = httpx.post(
+            url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, headers=good
+        )
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+        assert (
+            httpx.get(url + "/v1/models", headers={"authorization": "bearer s3cret"}).status_code
+            == 200
+        )
+        wrong = openai.OpenAI(base_url=url + "/v1", api_key="nope", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            wrong.chat.completions.create(model="smollm2", messages=CHAT, max_tokens=2)
+        client = openai.OpenAI(base_url=url + "/v1", api_key="s3cret", max_retries=0)
+        chunks = client.chat.completions.create(
+            model="smollm2", messages=CHAT, max_tokens=4, temperature=0, stream=True
+        )
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finally:
+        server.stop()
+
+
 def test_the_command_serves_spec_refs_and_ends_cleanly_on_sigterm(tmp_path) -> None:
     import socket
 
@@ -652,7 +687,8 @@ def test_the_command_serves_spec_refs_and_ends_cleanly_on_sigterm(tmp_path) -> N
         port = s.getsockname()[1]
     ref = tmp_path / "ref.txt"
     ref.write_text("Once upon a time there was a story that never ended.\n")
-    env = {**os.environ, "PYTHONPATH": SRC}
+    env = {**os.environ, "PYTHONPATH": SRC, "DRAFTLESS_API_KEY": "from-env"}
+    auth = {"Authorization": "Bearer from-env"}
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "draftless", "serve", "--port", str(port), "--n-ctx", "512"),
@@ -674,7 +710,9 @@ def test_the_command_serves_spec_refs_and_ends_cleanly_on_sigterm(tmp_path) -> N
                 pass
             assert time.monotonic() < deadline
             time.sleep(0.2)
-        r = httpx.post(url + "/v1/completions", json={"prompt": "Once upon", "max_tokens": 4})
+        body = {"prompt": "Once upon", "max_tokens": 4}
+        assert httpx.post(url + "/v1/completions", json=body).status_code == 401  # the env's key
+        r = httpx.post(url + "/v1/completions", json=body, headers=auth)
         names = [source["name"] for source in r.json()["draftless"]["sources"]]
         assert "server[0]" in names  # --spec-ref is a member of every request's index
         got: list[str] = []
@@ -682,7 +720,9 @@ def test_the_command_serves_spec_refs_and_ends_cleanly_on_sigterm(tmp_path) -> N
         def stream() -> None:
             body = {"prompt": "Tell me a story.", "max_tokens": 400, "stream": True}
             try:
-                with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+                with httpx.stream(
+                    "POST", url + "/v1/completions", json=body, headers=auth, timeout=60
+                ) as r:
                     for line in r.iter_lines():
                         got.append(line)
             except httpx.TransportError:
@@ -710,4 +750,6 @@ def test_cli_refuses_bad_options_in_one_line(capsys) -> None:
     assert main(["serve", "--no-spec", "--spec-ref", "x.txt"]) == 2
     assert main(["serve", "--no-spec", "--no-edits"]) == 2
     assert "--no-edits needs speculation" in capsys.readouterr().err
+    assert main(["serve", "--api-key", " "]) == 2
+    assert "the API key is empty (--api-key)" in capsys.readouterr().err
     assert main(["serve", "--index-budget", "-1"]) == 2

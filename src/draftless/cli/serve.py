@@ -2,6 +2,7 @@
 
     draftless serve [--model NAME] [--host 127.0.0.1] [--port 8000] [--no-spec]
                     [--spec-ref FILE]... [--index-budget BYTES] [--threads N] [--n-ctx N]
+                    [--api-key KEY]
 
 The web stack (FastAPI, uvicorn, sse-starlette, prometheus_client) is imported only when the
 server starts (`pip install 'draftless[serve]'`).
@@ -10,6 +11,7 @@ server starts (`pip install 'draftless[serve]'`).
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 from typing import Any
 
@@ -24,6 +26,8 @@ from draftless.cli.common import (
 )
 from draftless.decoder import SpecOptions
 from draftless.serve.history import DEFAULT_INDEX_BUDGET
+
+API_KEY_ENV = "DRAFTLESS_API_KEY"
 
 
 def add_serve_options(p: argparse.ArgumentParser) -> None:
@@ -49,6 +53,12 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--max-draft", type=int, default=MAX_DRAFT, help="draft tokens per verify at most"
+    )
+    p.add_argument(
+        "--api-key",
+        metavar="KEY",
+        help=f"require 'Authorization: Bearer KEY' on /v1/ requests (default: ${API_KEY_ENV} "
+        "if set, else none; the variable keeps the key out of the process list)",
     )
     p.add_argument("--log-level", default="warning", help="uvicorn's log level (warning)")
 
@@ -76,6 +86,11 @@ def build_app(args: argparse.Namespace) -> Any:
         raise UsageError("--no-edits needs speculation (drop --no-spec)")
     if len(args.spec_ref) > MAX_REFERENCES:
         raise UsageError(f"at most {MAX_REFERENCES} references, got {len(args.spec_ref)}")
+    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV)
+    if api_key is not None and not api_key.strip():
+        raise UsageError(
+            f"the API key is empty ({'--api-key' if args.api_key is not None else API_KEY_ENV})"
+        )
     documents = [read_text_file(path, "reference") for path in args.spec_ref]
     options = SpecOptions(max_draft=args.max_draft)
     model = open_model(args, quiet=True)
@@ -87,7 +102,7 @@ def build_app(args: argparse.Namespace) -> Any:
         options=options,
         edits=not args.no_edits,
     )
-    return create_app(engine)
+    return create_app(engine, api_key=api_key)
 
 
 class _Stopped(Exception):

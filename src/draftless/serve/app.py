@@ -2,8 +2,9 @@
 
 Nothing here touches the model; see engine.py for the one place concurrency is decided.
 Every error is OpenAI-shaped, `{"error": {"message", "type", "param", "code"}}`: 400 for a bad
-request (malformed JSON, a field of the wrong type or range, a prompt past the context), 404
-for an unknown path, 503 while shutting down, 500 for a bug (whose traceback is logged).
+request (malformed JSON, a field of the wrong type or range, a prompt past the context), 401
+for a missing or wrong API key (when the server has one), 404 for an unknown path, 503 while
+shutting down, 500 for a bug (whose traceback is logged).
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -38,6 +40,7 @@ from draftless.serve.engine import (
 
 log = logging.getLogger("draftless.serve")
 DISCONNECT_POLL = 0.25  # seconds between checks that a waiting client is still there
+ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models"})
 
 
 class ClientGone(Exception):
@@ -72,7 +75,22 @@ def _param(loc: Sequence[object]) -> str | None:
     return ".".join(parts) or None
 
 
-def create_app(engine: Engine) -> FastAPI:
+# With an API key, what it guards: the OpenAI API. /health stays open for load balancers and
+# /metrics for scrapers (as vLLM does), neither of which sees a prompt or an answer.
+GUARDED_PREFIX = "/v1/"
+
+
+def _bearer_matches(header: str | None, key: bytes) -> bool:
+    """Whether an Authorization header is "Bearer <key>" (compared in constant time)."""
+    scheme, _, token = (header or "").partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return secrets.compare_digest(token.strip().encode(), key)
+
+
+def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
+    """The app serving `engine`; with `api_key`, every /v1/ request must carry it as
+    `Authorization: Bearer <api_key>` (what the openai client sends as its api_key)."""
     model_name = engine.model.name
     metrics = engine.metrics
 
@@ -82,6 +100,24 @@ def create_app(engine: Engine) -> FastAPI:
         await asyncio.to_thread(engine.close)  # cancels what still waits; joins the worker
 
     app = FastAPI(title="draftless", lifespan=lifespan)
+
+    if api_key:
+        key = api_key.encode()
+
+        @app.middleware("http")
+        async def authorize(
+            request: Request, call_next: Callable[[Request], Awaitable[Response]]
+        ) -> Response:
+            path = request.url.path
+            if path.startswith(GUARDED_PREFIX) and not _bearer_matches(
+                request.headers.get("authorization"), key
+            ):
+                if path in ENDPOINTS:
+                    metrics.requests.labels(path, "401").inc()
+                message = "a valid API key is needed: send it as 'Authorization: Bearer <key>'"
+                body = wire.error_body(message, code="invalid_api_key")
+                return JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+            return await call_next(request)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
