@@ -7,6 +7,8 @@ The same obligations run on tiny float64 transformers models in test_decoder_hf.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -14,6 +16,7 @@ from hypothesis import strategies as st
 
 from draftless.costs import CostTable
 from draftless.decoder import (
+    PromptError,
     SpecOptions,
     SpeculativeDecoder,
     TokenOutOfVocabulary,
@@ -475,6 +478,33 @@ def test_append_rejects_out_of_vocabulary_prompt() -> None:
         dec.append([1, VOCAB])
     assert isinstance(caught.value, UserError)  # the CLI's one line, the server's 4xx
     assert dec.history == [] and dec.model.n_past == 0
+
+
+@pytest.mark.parametrize(
+    ("prompt", "message"),
+    [
+        ("Hello", "not text: encode it first"),  # was: "invalid literal for int()"
+        (b"\x01\x02", "not text: encode it first"),  # was: ids 1 and 2, silently
+        ([1, 2.5], "integers, got 2.5 at position 1"),  # was: decoded as [1, 2]
+        ([1, True], "integers, got True at position 1"),
+        (np.array([1.0, 2.0]), "integers, got np.float64(1.0) at position 0"),
+        ([], "the prompt is empty"),  # was: RuntimeError("append a prompt before decoding")
+    ],
+)
+def test_generate_refuses_a_prompt_that_is_not_token_ids(prompt, message) -> None:
+    model = InductionModel(VOCAB)
+    with pytest.raises(PromptError, match=re.escape(message)) as caught:
+        generate(model, prompt, 4)
+    assert isinstance(caught.value, UserError)
+    assert model.n_past == 0  # nothing reached the model
+
+
+def test_numpy_integer_prompts_are_token_ids() -> None:
+    ids = [3, 1, 4, 1, 5]
+    want = generate(InductionModel(VOCAB), ids, 8).token_ids
+    for arr in (np.array(ids, dtype=np.int64), np.array(ids, dtype=np.uint16)):
+        assert generate(InductionModel(VOCAB), arr, 8).token_ids == want
+    assert generate(InductionModel(VOCAB), [np.int32(t) for t in ids], 8).token_ids == want
 
 
 @settings(max_examples=60, deadline=None)

@@ -56,7 +56,11 @@ class DecoderOptionsError(UserError, ValueError):
     pass
 
 
-class TokenOutOfVocabulary(UserError, ValueError):
+class PromptError(UserError, ValueError):
+    """Prompt ids a model cannot take: text instead of ids, non-integer ids, none at all."""
+
+
+class TokenOutOfVocabulary(PromptError):
     """A prompt token id the model has no row for: ids made by another model's tokenizer, or
     a tokenizer that emits ids past its model's embeddings (a mismatched pair)."""
 
@@ -65,6 +69,23 @@ class TokenOutOfVocabulary(UserError, ValueError):
             f"token id {token_id} is outside the vocabulary [0, {vocab}) of this model: the "
             "ids were not made for it, or its tokenizer does not match its weights"
         )
+
+
+def token_ids_of(token_ids: Iterable[int]) -> list[int]:
+    """The ids as Python ints. Raises PromptError for text (a str is a sequence too, of
+    characters) and for an id that is not an integer: int() would take 1.5 as 1 and True as 1,
+    and decode something the caller never asked for."""
+    if isinstance(token_ids, str | bytes):
+        raise PromptError(
+            "the prompt must be token ids, not text: encode it first "
+            "(model.tokenizer.encode(text), or apply_chat_template(messages) for a chat)"
+        )
+    ids: list[int] = []
+    for pos, t in enumerate(token_ids):
+        if isinstance(t, bool | np.bool_) or not isinstance(t, int | np.integer):
+            raise PromptError(f"token ids must be integers, got {t!r} at position {pos}")
+        ids.append(int(t))
+    return ids
 
 
 def check_ids(ids: Sequence[int], vocab: int) -> None:
@@ -207,7 +228,7 @@ class SpeculativeDecoder:
 
         Raises ContextFull, changing nothing, if the stream would not leave room for the
         first forward."""
-        ids = [int(t) for t in token_ids]
+        ids = token_ids_of(token_ids)
         if not ids:
             return
         check_ids(ids, self.vocab)
@@ -671,4 +692,6 @@ def generate(
             verify_row_hook=verify_row_hook,
         )
         dec.append(prompt_ids)
+        if dec.carried is None:
+            raise PromptError("the prompt is empty: generation starts from at least one token id")
         return dec.generate(max_new_tokens, stop_ids)
