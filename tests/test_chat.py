@@ -23,7 +23,6 @@ from draftless.chat import (
     Conversation,
     EmptyMessageError,
     SpeculationRequiredError,
-    StopSequencesWithSpeculationError,
     TurnGate,
 )
 from draftless.decoder import SpecOptions
@@ -289,13 +288,67 @@ def test_a_stop_sequence_is_found_across_tokens_and_at_the_earliest_position() -
     assert r.text == "abc" and r.token_ids == tuple(ids("abc"))
 
 
-def test_stop_sequences_with_speculation_are_refused_at_construction() -> None:
-    with pytest.raises(
-        StopSequencesWithSpeculationError, match="one RNG draw per committed token"
-    ) as err:
-        Conversation(chat_model(), speculation=True, stop_sequences=["\n\n"])
-    assert isinstance(err.value, ValueError) and "extra_stop_ids" in str(err.value)
-    Conversation(chat_model(), speculation=True, extra_stop_ids=[ID["\n"]])  # the safe way
+@pytest.mark.parametrize(
+    "sampling",
+    [SamplingOptions(), SamplingOptions(temperature=0.9, top_k=12, seed=5)],
+    ids=["greedy", "sampled"],
+)
+def test_a_stop_sequence_with_speculation_commits_the_plain_stream(
+    sampling: SamplingOptions, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A verify accepts tokens past the one that completes the stop sequence (the reference
+    is the reply itself, so drafts run through it); the trim cuts them and, sampled, undoes
+    their draws: the next turns go on as plain decoding's do."""
+    alone = Conversation(chat_model(2), sampling=sampling, max_new_tokens=30)
+    free = alone.send("tell me")
+    text = free.text
+    stop = text[len(text) // 2 : len(text) // 2 + 2]  # a stop in the middle of the reply
+    assert stop.strip() and stop in text[: len(text) // 2 + 2]
+    import draftless.chat as chat_module
+
+    rewound: list[int] = []
+
+    def spy(rng, draws: int) -> None:
+        rewound.append(draws)
+        chat_module.rewind.__wrapped__(rng, draws)  # type: ignore[attr-defined]
+
+    spy.__wrapped__ = chat_module.rewind  # type: ignore[attr-defined]
+    monkeypatch.setattr(chat_module, "rewind", spy)
+    convs = []
+    for speculation in (False, True):
+        conv = Conversation(
+            chat_model(2),
+            sampling=sampling,
+            speculation=speculation,
+            spec_options=ALWAYS if speculation else None,
+            stop_sequences=[stop],
+            max_new_tokens=30,
+        )
+        if speculation:
+            conv.add_reference(list(alone.history))  # the prompt too: drafts from token 1
+        convs.append(conv)
+    plain, spec = convs
+    for message in ("tell me", "and again", "tell me"):
+        a, b = plain.send(message), spec.send(message)
+        assert (a.text, a.token_ids, a.stop_reason) == (b.text, b.token_ids, b.stop_reason)
+        assert plain.history == spec.history
+        spec.check_integrity()
+    assert spec.last_reply is not None and spec.stats.accepted > 0
+    if not sampling.greedy:  # the first reply's verify ran past the stop: draws were undone
+        assert any(n > 0 for n in rewound), rewound
+
+
+def test_rewind_undoes_exactly_the_last_draws() -> None:
+    from draftless.sampling import make_rng, rewind
+
+    rng, _ = make_rng(123)
+    first = rng.random(7)
+    rewind(rng, 3)
+    assert np.array_equal(rng.random(3), first[4:])
+    rewind(rng, 0)
+    assert rng.random() != first[-1]
+    with pytest.raises(TypeError, match="PCG64"):
+        rewind(np.random.Generator(np.random.MT19937(1)), 1)
 
 
 @pytest.mark.parametrize(
@@ -556,6 +609,45 @@ def test_plain_and_speculative_conversations_agree_under_any_script(script, seed
         assert plain.history == spec.history
         spec.check_integrity()
         plain.check_integrity()
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.booleans(),
+            st.text(alphabet="abc lo.", min_size=1, max_size=12).filter(str.strip),
+        ),
+        min_size=1,
+        max_size=5,
+    ),
+    st.lists(st.text(alphabet="abc lo.\n", min_size=1, max_size=3), min_size=1, max_size=2),
+    st.integers(0, 3),
+    st.booleans(),
+)
+def test_text_stops_keep_plain_and_speculative_conversations_equal(
+    script, stops, seed, greedy
+) -> None:
+    sampling = SamplingOptions(temperature=0.0 if greedy else 0.8, top_k=10, seed=seed)
+    plain = Conversation(
+        chat_model(seed), sampling=sampling, stop_sequences=stops, max_new_tokens=16
+    )
+    spec = Conversation(
+        chat_model(seed),
+        sampling=sampling,
+        speculation=True,
+        spec_options=ALWAYS,
+        stop_sequences=stops,
+        max_new_tokens=16,
+    )
+    for foresight, text in script:
+        a = plain.send(text)
+        if foresight:  # the plain stream through this reply: drafts run past its stop
+            spec.add_reference(list(plain.history))
+        b = spec.send(text)
+        assert (a.text, a.token_ids, a.stop_reason) == (b.text, b.token_ids, b.stop_reason)
+        assert plain.history == spec.history
+        spec.check_integrity()
 
 
 # -- slow: SmolLM2, both backends --------------------------------------------------------------

@@ -16,9 +16,11 @@ The stream keeps `Hel|lo`, the tokens the model chose, not the template's tokeni
 from the longest common prefix (and rebuilds the index, which cannot forget).
 
 Stops: end-of-generation ids and `extra_stop_ids` end a reply inside the decoder's acceptance
-loop, so they are exact with speculation. Text `stop_sequences` trim the reply after decoding
-and are refused with speculation (see `StopSequencesWithSpeculationError`). The context's end
-ends a reply with stop reason "context".
+loop, so they are exact with speculation. Text `stop_sequences` trim the reply after decoding:
+the stream is cut back to the reply's text, and with speculation, where a verify can accept
+tokens past the one that completed the sequence, the RNG is rewound by the draws made for
+those, so the next turn goes on exactly as plain decoding would. The context's end ends a
+reply with stop reason "context".
 
 Interruption: `stream(..., interrupt=flag)` polls `flag()` between decoder steps; the turn
 keeps what was committed. An exception inside a step leaves the step undone (the decoder's
@@ -39,7 +41,7 @@ from draftless.decoder import SpecOptions, SpeculativeDecoder
 from draftless.errors import UserError
 from draftless.metrics import DecodeStats
 from draftless.models.base import Model, ModelError
-from draftless.sampling import SamplingOptions
+from draftless.sampling import SamplingOptions, rewind
 from draftless.sources.base import Draft, DraftSource, check_source
 from draftless.sources.cascade import SpeculationIndex
 from draftless.text import StreamDecoder, TextStops
@@ -51,7 +53,6 @@ __all__ = [
     "EmptyMessageError",
     "Reply",
     "SpeculationRequiredError",
-    "StopSequencesWithSpeculationError",
     "TurnGate",
 ]
 
@@ -66,13 +67,6 @@ StopReason = Literal["stop", "stop_sequence", "length", "context", "interrupted"
 
 class ChatError(UserError, ValueError):
     """A Conversation was built or used wrongly; the message says what and why."""
-
-
-class StopSequencesWithSpeculationError(ChatError):
-    """Text stop sequences cannot be combined with speculation: the token that completes a
-    sequence can be accepted in the middle of a verify batch, and the tokens accepted after it
-    would have drawn from the RNG where plain decoding stops (one draw per committed token),
-    and the index would have learned tokens the trim discards."""
 
 
 class SpeculationRequiredError(ChatError):
@@ -212,14 +206,6 @@ class Conversation:
         for s in self.stop_sequences:
             if not isinstance(s, str) or not s:
                 raise ChatError(f"stop_sequences must be non-empty strings, got {s!r}")
-        if self.stop_sequences and speculation:
-            raise StopSequencesWithSpeculationError(
-                "stop_sequences cannot be combined with speculation: the token that completes "
-                "a sequence can be accepted in the middle of a verify batch, and the tokens "
-                "accepted after it would draw from the RNG where plain decoding stops (the "
-                "one RNG draw per committed token contract); use "
-                "extra_stop_ids (token ids, exact with speculation) or plain decoding"
-            )
         if index_factory is not None and not speculation:
             raise ChatError("index_factory needs speculation=True")
         extra: set[int] = set()
@@ -441,7 +427,7 @@ class Conversation:
         try:
             self._check_cache()
             if keep < len(dec.history):
-                self._rewind(keep, rebuild=True)
+                self._rewind(keep)
                 self.rebuilds += 1
             dec.append(delta)
             appended = True
@@ -518,9 +504,13 @@ class Conversation:
         """Cut the stream back to the reply text `kept` (what precedes a stop sequence).
 
         Keeps the longest prefix of `produced` whose text fits in `kept` and re-encodes
-        the characters of a token that straddles the cut. Plain decoding only (no index to
-        unlearn): the RNG drew for the discarded tokens, as a plain run stopping there does.
+        the characters of a token that straddles the cut. The RNG drew for the tokens up to
+        the one that completed the sequence, as a plain run stopping there does; the draws
+        for tokens a verify accepted after that one are undone. The index, which cannot
+        forget, is rebuilt from the cut stream.
         """
+        if not self.sampling.greedy:
+            rewind(self.decoder.rng, len(produced) - self._stop_token_count(produced))
         n = len(produced)
         while n > 0:
             prefix = self.tokenizer.decode(
@@ -533,19 +523,32 @@ class Conversation:
             prefix = ""
         fragment = kept[len(prefix) :]
         extra = [int(t) for t in self.tokenizer.encode(fragment)] if fragment else []
-        self._rewind(len(self.decoder.history) - (len(produced) - n), rebuild=False)
+        self._rewind(len(self.decoder.history) - (len(produced) - n))
         self.decoder.append(extra)
         return produced[:n] + extra
 
-    def _rewind(self, n: int, *, rebuild: bool) -> None:
-        """Cut the committed stream back to its first n tokens."""
+    def _stop_token_count(self, produced: list[int]) -> int:
+        """How many of `produced` a plain run commits before its text stop: through the
+        first token whose text completes a stop sequence (plain decoding checks after each
+        token); all of them if none does before the end (a stop found when the text was
+        flushed)."""
+        detok = StreamDecoder(self.tokenizer, skip_special=True)
+        stops = TextStops(self.stop_sequences)
+        for i, t in enumerate(produced):
+            if t not in self.stop_ids:
+                stops.push(detok.push(t))
+                if stops.cut is not None:
+                    return i + 1
+        return len(produced)
+
+    def _rewind(self, n: int) -> None:
+        """Cut the committed stream back to its first n tokens (and rebuild the index from
+        it: an index cannot forget)."""
         dec = self.decoder
         if n >= len(dec.history):
             return
         dec.truncate(max(0, n))
         if self._index is not None:
-            if not rebuild:  # never happens: trims are plain-only
-                raise RuntimeError("the draft index cannot forget committed tokens")
             self._index = self._fresh_index()
             self._gate = TurnGate(self._index, self.stop_ids)
             self._gate.observe(dec.history)

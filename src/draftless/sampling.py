@@ -247,6 +247,19 @@ def sample(
     return draw(row, options, rng.random())  # the one draw
 
 
+def rewind(rng: np.random.Generator, draws: int) -> None:
+    """Undo the last `draws` draws of `rng`, as if they never happened: a run that keeps
+    fewer sampled tokens than it drew for (a speculative batch cut by a text stop) goes on
+    from where plain decoding, which drew one per kept token, would be. PCG64 (`make_rng`'s)
+    steps once per `random()` and can step back: its period is 2**128."""
+    if draws <= 0:
+        return
+    bits = rng.bit_generator
+    if not isinstance(bits, np.random.PCG64):
+        raise TypeError(f"only a PCG64 generator can be rewound, got {type(bits).__name__}")
+    bits.advance(-draws % 2**128)
+
+
 _local = threading.local()
 
 

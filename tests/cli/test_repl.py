@@ -201,8 +201,10 @@ def test_a_piped_session_replies_line_by_line_and_exits_0_at_eof(tmp_path: Path)
     assert "[integrity ok: 2 turns" in proc.stderr
 
 
-def test_a_stop_sequence_trims_the_streamed_reply(tmp_path: Path) -> None:
-    proc = run_fake(tmp_path, "hi\nhow are you\n", "--stop", " there")
+@pytest.mark.parametrize("spec", [False, True])
+def test_a_stop_sequence_trims_the_streamed_reply(tmp_path: Path, spec: bool) -> None:
+    flags = ("--stop", " there", *(["--spec"] if spec else []))
+    proc = run_fake(tmp_path, "hi\nhow are you\n", *flags)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "hello\ngeneral kenobi.\n"
     assert "[integrity ok: 2 turns" in proc.stderr
@@ -368,7 +370,6 @@ def test_startup_mistakes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
         (["--spec", *nine], "at most 8"),
         (["--spec-ref", str(doc)], "needs --spec"),
         (["--no-edits"], "--no-edits needs --spec"),
-        (["--spec", "--stop", "\n\n"], "--stop-id"),
         (["-n", "0"], "--max-new-tokens"),
         (["--system", " "], "--system"),
         ([], "not found"),  # and then the model

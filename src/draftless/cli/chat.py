@@ -68,7 +68,7 @@ def register(subparsers: Any) -> None:
     add_model_options(p)
     p.add_argument("--system", help="system message")
     p.add_argument("--max-new-tokens", "-n", type=int, default=512, help="per reply (512)")
-    add_stop_options(p, what="a reply", spec_safe=False)
+    add_stop_options(p, what="a reply")
     add_sampling_options(p)
     add_spec_options(p)
     p.set_defaults(func=cmd_chat)
@@ -76,11 +76,6 @@ def register(subparsers: Any) -> None:
 
 def cmd_chat(args: argparse.Namespace) -> int:
     options = spec_from(args)
-    if args.stop and args.spec:
-        raise UsageError(
-            "--stop cannot be combined with --spec (a text stop could end a "
-            "reply inside a verify batch); use --stop-id, which is exact"
-        )
     if args.system is not None and not checked_text(args.system, "--system").strip():
         raise UsageError("--system is empty")
     documents = [(path, read_text_file(path, "reference")) for path in args.spec_ref]

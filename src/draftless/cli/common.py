@@ -106,14 +106,14 @@ def add_no_edits_option(p: argparse.ArgumentParser | argparse._ArgumentGroup) ->
     )
 
 
-def add_stop_options(p: argparse.ArgumentParser, *, what: str, spec_safe: bool) -> None:
-    how = "exact with --spec too" if spec_safe else "plain decoding only"
+def add_stop_options(p: argparse.ArgumentParser, *, what: str) -> None:
     p.add_argument(
         "--stop",
         action="append",
         default=[],
         metavar="TEXT",
-        help=rf"text that ends {what}, left out of it (repeatable; {how}; \n \t understood)",
+        help=rf"text that ends {what}, left out of it (repeatable; exact with --spec; \n \t "
+        "understood)",
     )
     p.add_argument(
         "--stop-id",

@@ -50,7 +50,7 @@ def register(subparsers: Any) -> None:
         help="with --json: each new token's log probability and the N likeliest alternatives "
         f"(0-{MAX_TOP}; the model's raw distribution, the same with --spec as without)",
     )
-    add_stop_options(g, what="the output", spec_safe=True)
+    add_stop_options(g, what="the output")
     add_sampling_options(g)
     add_spec_options(g)
     g.set_defaults(func=cmd_generate)
