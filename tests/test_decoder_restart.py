@@ -131,3 +131,65 @@ def test_restart_rejects_empty_and_out_of_vocabulary_prompts() -> None:
     with pytest.raises(ValueError, match="outside the vocabulary"):
         dec.restart([1, VOCAB])
     assert np.array_equal(dec.history, [])
+
+
+class Cancel(Exception):
+    pass
+
+
+@given(
+    first=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=20),
+    second=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=60),
+    n_batch=st.integers(1, 9),
+    cancel_at=st.integers(0, 12),
+    how=st.sampled_from(range(len(SAMPLINGS))),
+    spec=st.booleans(),
+)
+@settings(max_examples=120, deadline=None)
+def test_a_prefill_cancelled_between_pieces_keeps_what_it_did(
+    first, second, n_batch, cancel_at, how, spec
+) -> None:
+    """restart(between=...) prefills in the model's own n_batch pieces; a raise between two
+    leaves the pieces done as the stream, and the next restart on the prompt reuses them and
+    generates what a fresh decoder does."""
+    model = InductionModel(VOCAB, seed=3)
+    model.n_batch = n_batch  # type: ignore[attr-defined]
+    pieces: list[tuple[int, int]] = []
+    real_prefill = model.prefill
+
+    def recording_prefill(ids):
+        pieces.append((model.n_past, len(ids)))
+        real_prefill(ids)
+
+    model.prefill = recording_prefill  # type: ignore[method-assign]
+    dec = SpeculativeDecoder(model, source=SpeculationIndex(VOCAB), clock=None)
+    dec.append(first)
+    prompt = list(dec.history) + second  # keeps len(first) - 1 rows
+    calls = [0]
+
+    def between() -> None:
+        calls[0] += 1
+        if calls[0] > cancel_at:
+            raise Cancel
+
+    source = SpeculationIndex(VOCAB) if spec else None
+    pieces.clear()
+    try:
+        dec.restart(prompt, sampling=SAMPLINGS[how], source=source, between=between)
+        cancelled = False
+    except Cancel:
+        cancelled = True
+    keep = len(first) - 1
+    # the pieces are where one prefill call would split: n_batch rows from the first one
+    assert [start for start, _ in pieces] == list(
+        range(keep, keep + n_batch * len(pieces), n_batch)
+    )
+    assert all(n == n_batch for _, n in pieces[:-1])
+    done = keep + sum(n for _, n in pieces)
+    assert cancelled == (done < len(prompt) - 1)
+    assert model.n_past == done and model._tokens == prompt[:done]
+    assert dec.history == prompt[: done + 1] and dec.carried == prompt[done]
+    again = dec.restart(prompt, sampling=SAMPLINGS[how], source=source and SpeculationIndex(VOCAB))
+    assert again == done  # nothing prefilled twice
+    want, _ = fresh_run(prompt, 10, SAMPLINGS[how], spec)
+    assert dec.generate(10).token_ids == want.token_ids

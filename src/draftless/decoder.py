@@ -541,9 +541,17 @@ class SpeculativeDecoder:
         *,
         sampling: SamplingOptions | None = None,
         source: DraftSource | None = None,
+        between: Callable[[], None] | None = None,
     ) -> int:
         """Begin a new generation on `prompt_ids`, keeping the cache rows of its longest common
         prefix with the stream (a server's next request, e.g. the next turn of a chat).
+
+        `between()`, when given, is called between pieces of the prefill and may raise (a
+        server's cancelled request: a long prompt can take minutes on a CPU). The pieces are
+        the model's own (`n_batch` tokens from the first row prefilled, where the backend
+        would split one call), so the cache holds the same rows either way. What was
+        prefilled before the raise stays as the stream, for the next restart to reuse. An
+        error before that (e.g. ContextFull) resets the stream to empty.
 
         The stream is fresh, as in a new decoder: the sampling options and their RNG, the
         stats, and the source (None: plain decoding), which observes the whole prompt; so the
@@ -554,7 +562,6 @@ class SpeculativeDecoder:
 
         Worked example: stream [5 9 2 7 4] (cache 5 9 2 7, 4 carried); restart([5, 9, 2, 7,
         1, 3]) keeps the 4 rows of 5 9 2 7, prefills [1], carries 3 and returns 4.
-        On an error (e.g. ContextFull) the stream is reset to empty.
         """
         ids = [int(t) for t in prompt_ids]
         if not ids:
@@ -580,10 +587,30 @@ class SpeculativeDecoder:
             self._since_reject = None
             try:
                 self.model.truncate(keep)
-                if keep < len(ids) - 1:
-                    self.model.prefill(ids[keep:-1])
             except BaseException:
                 self.reset()
+                raise
+            piece = getattr(self.model, "n_batch", 0) if between is not None else 0
+            piece = piece if isinstance(piece, int) and piece > 0 else len(ids)
+            done = keep  # rows the cache holds
+            stopped = False  # between() raised
+            try:
+                while done < len(ids) - 1:
+                    if done > keep and between is not None:
+                        stopped = True
+                        between()
+                        stopped = False
+                    end = min(done + piece, len(ids) - 1)
+                    self.model.prefill(ids[done:end])
+                    done = end
+            except BaseException:
+                if stopped:  # the rows done and the next token, carried: a stream of its own
+                    self.history = ids[: done + 1]
+                    self.carried = ids[done]
+                    if source is not None:
+                        source.observe(self.history)
+                else:
+                    self.reset()
                 raise
             self.history = ids
             self.carried = ids[-1]

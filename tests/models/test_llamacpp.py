@@ -627,6 +627,45 @@ def _assert_cache_holds(model: LlamaCppModel, ids: list[int], reference: np.ndar
     np.testing.assert_array_equal(model.forward(ids[n : n + 2]), reference)
 
 
+@pytest.mark.parametrize("keep", [0, 5, 13])
+def test_a_prefill_in_pieces_and_a_cancelled_one_leave_the_rows_of_one_call(
+    tiny: LlamaCppModel, keep: int
+) -> None:
+    """The server's cancellable prefill (restart(between=...)) goes in the backend's own
+    n_batch pieces, so the rows it leaves are bitwise those of one prefill call; and a prefill
+    cancelled between pieces, then resumed by the next restart, leaves them too."""
+    from draftless.decoder import SpeculativeDecoder
+
+    ids = _ids(tiny, 60)
+    dec = SpeculativeDecoder(tiny, clock=None)
+    dec.append(ids[: keep + 1])  # a stream sharing `keep` rows with the prompt
+    dec.restart(ids[:50])  # one call: 8-token pieces split inside the backend
+    whole = tiny.forward(ids[49:52])
+    results = {}
+    for cancel_at in (None, 0, 2):
+        dec.reset()
+        dec.append(ids[: keep + 1])
+        calls = [0]
+
+        def between(calls: list[int] = calls, cancel_at: int | None = cancel_at) -> None:
+            calls[0] += 1
+            if cancel_at is not None and calls[0] > cancel_at:
+                raise KeyboardInterrupt
+
+        if cancel_at is None:
+            assert dec.restart(ids[:50], between=between) == keep
+            assert calls[0] == (49 - keep - 1) // tiny.n_batch  # between every two pieces
+        else:
+            with pytest.raises(KeyboardInterrupt):
+                dec.restart(ids[:50], between=between)
+            done = keep + tiny.n_batch * (cancel_at + 1)
+            assert tiny.n_past == done and dec.history == ids[: done + 1]
+            assert dec.restart(ids[:50]) == done  # resumed, not redone
+        results[cancel_at] = tiny.forward(ids[49:52])
+    for cancel_at, rows in results.items():
+        np.testing.assert_array_equal(rows, whole, err_msg=f"cancel_at={cancel_at}")
+
+
 def test_bad_token_ids_leave_the_cache_alone(tiny: LlamaCppModel) -> None:
     ids = _ids(tiny, 30)
     tiny.prefill(ids[:20])

@@ -241,3 +241,59 @@ def test_a_rename_in_an_answer_is_learned_and_counted_in_the_metrics() -> None:
     learned = answers[True].stats["edits"]["learned"]
     assert learned >= 1 and answers[True].stats["edits"]["held"] >= 1
     assert metrics.registry.get_sample_value("draftless_edits_learned_total") == learned
+
+
+class SlowPrefill(Bounded):
+    """Prefills in 4-token pieces (its n_batch), each taking a while: a long prompt on a CPU."""
+
+    n_batch = 4
+
+    def __init__(self) -> None:
+        super().__init__(n_ctx=4096)
+        self.pieces = 0
+        self.started = threading.Event()
+
+    def prefill(self, token_ids):
+        assert len(token_ids) <= self.n_batch  # restart(between=...) hands over its pieces
+        time.sleep(0.01)
+        super().prefill(token_ids)
+        self.pieces += 1
+        self.started.set()
+
+
+def test_a_request_cancelled_during_its_prefill_stops_there_and_its_rows_are_reused() -> None:
+    model = SlowPrefill()
+    engine = Engine(model, spec=True)
+    prompt = string.ascii_lowercase * 20  # 520 tokens: 130 pieces, ~1.3 s
+    try:
+
+        async def cancelled_midway() -> list[Any]:
+            job = Job(
+                CompletionRequest(prompt=prompt, max_tokens=5, temperature=0),
+                asyncio.get_running_loop(),
+            )
+            engine.submit(job)
+            await asyncio.to_thread(model.started.wait, 10)
+            job.cancelled.set()
+            return [await job.channel.get()]
+
+        items = asyncio.run(cancelled_midway())
+        assert isinstance(items[0], Cancelled), items
+        done = model.pieces
+        assert 0 < done < 100 and engine.cancelled_prefills == 1  # stopped within a piece
+        again = asyncio.run(
+            run(engine, CompletionRequest(prompt=prompt, max_tokens=5, temperature=0))
+        )
+        assert isinstance(again[0], Started) and again[0].reused_tokens >= done * 4  # not redone
+        alone = Engine(Bounded(n_ctx=4096), spec=True)
+        try:
+            want = finished(
+                asyncio.run(
+                    run(alone, CompletionRequest(prompt=prompt, max_tokens=5, temperature=0))
+                )
+            )
+        finally:
+            alone.close()
+        assert finished(again).text == want.text
+    finally:
+        engine.close()

@@ -129,6 +129,7 @@ class Engine:
         self._current: Job | None = None
         self.cancelled_runs = 0
         self.cancelled_tokens = 0  # tokens the last cancelled run generated before it stopped
+        self.cancelled_prefills = 0  # requests cancelled while their prompt was prefilled
         self._worker = threading.Thread(target=self._loop, name="draftless-engine", daemon=True)
         self._worker.start()
 
@@ -212,10 +213,21 @@ class Engine:
             )
         source, names = self._source(p.references or []) if self.spec else (None, [])
         started = time.perf_counter()
+
+        def unless_cancelled() -> None:  # between pieces of the prefill
+            if job.cancelled.is_set():
+                raise Cancelled("the client went away")
+
         try:
-            reused = dec.restart(ids, sampling=p.to_sampling(), source=source)
+            reused = dec.restart(
+                ids, sampling=p.to_sampling(), source=source, between=unless_cancelled
+            )
         except ContextFull as err:
             raise RequestError(str(err), what, "context_length_exceeded") from None
+        except Cancelled:
+            self.cancelled_prefills += 1
+            self.metrics.cancelled.inc()
+            raise
         prefill_seconds = time.perf_counter() - started
         job.send(Started(len(ids), reused))
 
