@@ -563,9 +563,9 @@ class SpeculativeDecoder:
         Worked example: stream [5 9 2 7 4] (cache 5 9 2 7, 4 carried); restart([5, 9, 2, 7,
         1, 3]) keeps the 4 rows of 5 9 2 7, prefills [1], carries 3 and returns 4.
         """
-        ids = [int(t) for t in prompt_ids]
+        ids = token_ids_of(prompt_ids)
         if not ids:
-            raise ValueError("restart needs a non-empty prompt")
+            raise PromptError("restart needs a non-empty prompt")
         check_ids(ids, self.vocab)
         if source is not None:
             check_source(source)
