@@ -237,6 +237,44 @@ def test_include_usage_ends_a_stream_with_a_usage_chunk(spec, plain, chat) -> No
     assert got[-1].usage.completion_tokens == whole["usage"]["completion_tokens"]
 
 
+def test_n_choices_are_the_requests_with_seeds_seed_plus_i(spec, plain) -> None:
+    """n choices: choice i equals the n = 1 request with seed + i served without speculation;
+    the prompt is counted once and every choice's completion."""
+    body = {"prompt": "Once upon a time", "max_tokens": 16, "temperature": 1.0, "seed": 40}
+    whole = complete(spec, {**body, "n": 3})
+    alone = [complete(plain, {**body, "seed": 40 + i}) for i in range(3)]
+    assert [c["index"] for c in whole["choices"]] == [0, 1, 2]
+    assert [c["text"] for c in whole["choices"]] == [text_of(a) for a in alone]
+    assert len({text_of(a) for a in alone}) > 1  # the seeds differ, so do the samples
+    assert whole["usage"]["prompt_tokens"] == alone[0]["usage"]["prompt_tokens"]
+    assert whole["usage"]["completion_tokens"] == sum(
+        a["usage"]["completion_tokens"] for a in alone
+    )
+    assert [c["seed"] for c in whole["draftless"]["choices"]] == [40, 41, 42]
+    # streamed: each choice's chunks carry its index; the text per index is the same
+    _, chunks = streamed(spec, {**body, "n": 3, "stream_options": {"include_usage": True}})
+    per: dict[int, str] = {}
+    for c in chunks:
+        for choice in c["choices"]:
+            per[choice["index"]] = per.get(choice["index"], "") + choice["text"]
+    assert per == {i: c["text"] for i, c in enumerate(whole["choices"])}
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == whole["usage"]
+    # greedy chat through the openai client: n equal choices
+    client = openai.OpenAI(base_url=spec.url + "/v1", api_key="none", max_retries=0)
+    r = client.chat.completions.create(
+        model="smollm2", messages=CHAT, max_tokens=12, temperature=0, n=2
+    )
+    one = complete(plain, {"messages": CHAT, "max_tokens": 12, "temperature": 0})
+    assert [c.message.content for c in r.choices] == [text_of(one)] * 2
+    parts: dict[int, str] = {}
+    for c in client.chat.completions.create(
+        model="smollm2", messages=CHAT, max_tokens=12, temperature=0, n=2, stream=True
+    ):
+        for choice in c.choices:
+            parts[choice.index] = parts.get(choice.index, "") + (choice.delta.content or "")
+    assert parts == {0: text_of(one), 1: text_of(one)}
+
+
 def test_stop_strings_and_stop_ids(spec, plain) -> None:
     prompt = "def fibonacci(n):\n"
     free = complete(plain, {"prompt": prompt, "max_tokens": 24, "temperature": 0})
@@ -335,7 +373,8 @@ BAD = [
         "messages.0.role",
     ),
     ("/v1/chat/completions", {"messages": [{"content": "hi"}]}, "messages.0.role"),
-    ("/v1/chat/completions", {**GOOD_CHAT, "n": 2}, "n"),
+    ("/v1/chat/completions", {**GOOD_CHAT, "n": 17}, "n"),
+    ("/v1/chat/completions", {**GOOD_CHAT, "n": 0}, "n"),
     ("/v1/chat/completions", {**GOOD_CHAT, "top_p": 0}, "top_p"),
     ("/v1/chat/completions", {**GOOD_CHAT, "stop": ""}, "stop"),
     ("/v1/chat/completions", {**GOOD_CHAT, "stop_token_ids": [10**9]}, "stop_token_ids"),

@@ -168,31 +168,41 @@ def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
     async def serve(
         params: wire.ChatRequest | wire.CompletionRequest, request: Request, endpoint: str
     ) -> Response:
-        job = Job(params, asyncio.get_running_loop())
+        # One job per choice (n), queued together so they run back to back; each is a
+        # request of its own to the engine (the next reuses the prompt's cache rows).
+        loop = asyncio.get_running_loop()
+        jobs = [Job(one, loop) for one in params.choices()]
         try:
-            engine.submit(job)
+            for job in jobs:
+                engine.submit(job)
         except ServerClosing as err:
+            for job in jobs:
+                job.cancelled.set()
             return answer(endpoint, error_response(err))
         handed_over = False
         try:
-            first = await receive(job, request)
+            first = await receive(jobs[0], request)
             if not isinstance(first, Started):
                 return answer(endpoint, error_response(first))
             if params.stream:
-                handed_over = True  # the event stream owns the job from here
-                return EventSourceResponse(events(job, params, endpoint), ping=15)
-            while True:
-                item = await receive(job, request)
-                if isinstance(item, Finished):
-                    metrics.latency.observe(time.perf_counter() - job.arrived)
-                    return answer(endpoint, JSONResponse(whole(params, item)))
+                handed_over = True  # the event stream owns the jobs from here
+                return EventSourceResponse(events(jobs, params, endpoint), ping=15)
+            done: list[Finished] = []
+            for i, job in enumerate(jobs):
+                item = first if i == 0 else await receive(job, request)
+                while not isinstance(item, Finished | BaseException):
+                    item = await receive(job, request)
                 if isinstance(item, BaseException):
                     return answer(endpoint, error_response(item))
+                done.append(item)
+            metrics.latency.observe(time.perf_counter() - jobs[0].arrived)
+            return answer(endpoint, JSONResponse(whole(params, done)))
         except ClientGone:
             return answer(endpoint, JSONResponse(wire.error_body("client gone"), 499))
         finally:
             if not handed_over:
-                job.cancelled.set()  # a no-op once finished; frees the model otherwise
+                for job in jobs:
+                    job.cancelled.set()  # a no-op once finished; frees the model otherwise
 
     async def receive(job: Job, request: Request) -> Any:
         """The next item from the worker; ClientGone if the client disconnects meanwhile."""
@@ -207,16 +217,30 @@ def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
         metrics.requests.labels(endpoint, str(response.status_code)).inc()
         return response
 
-    def whole(params: wire.ChatRequest | wire.CompletionRequest, f: Finished) -> dict[str, Any]:
-        use = wire.usage(f.prompt_tokens, f.completion_tokens)
+    def whole(
+        params: wire.ChatRequest | wire.CompletionRequest, done: list[Finished]
+    ) -> dict[str, Any]:
         chat = isinstance(params, wire.ChatRequest)
         rid = wire.new_id("chatcmpl" if chat else "cmpl")
         return wire.response(
-            chat, rid, model_name, f.text, f.finish_reason, use, f.stats, f.logprobs
+            chat,
+            rid,
+            model_name,
+            [(f.text, f.finish_reason, f.logprobs) for f in done],
+            total_usage(done),
+            choice_stats(done),
         )
 
+    def total_usage(done: list[Finished]) -> dict[str, int]:
+        """The prompt once (as OpenAI counts n choices), the completions of every choice."""
+        return wire.usage(done[0].prompt_tokens, sum(f.completion_tokens for f in done))
+
+    def choice_stats(done: list[Finished]) -> dict[str, Any]:
+        """The `draftless` object: the one choice's stats, or {"choices": [each one's]}."""
+        return done[0].stats if len(done) == 1 else {"choices": [f.stats for f in done]}
+
     async def events(
-        job: Job,
+        jobs: list[Job],
         params: wire.ChatRequest | wire.CompletionRequest,
         endpoint: str,
     ) -> AsyncIterator[dict[str, str]]:
@@ -224,13 +248,17 @@ def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
         rid = wire.new_id("chatcmpl" if is_chat else "cmpl")
 
         # With include_usage, OpenAI's chunks carry "usage": null until a last chunk of
-        # their own; without it, the chunk that finishes carries the usage.
+        # their own; without it, the chunk that finishes the last choice carries the usage.
         usage_chunk = params.usage_chunk
 
         def chunk(
-            text: str | None, finish: str | None = None, extra: Any = None, logprobs: Any = None
+            index: int,
+            text: str | None,
+            finish: str | None = None,
+            extra: Any = None,
+            logprobs: Any = None,
         ) -> dict[str, str]:
-            body = wire.chunk(is_chat, rid, model_name, text, finish, extra, logprobs)
+            body = wire.chunk(is_chat, rid, model_name, text, finish, extra, logprobs, index)
             if usage_chunk:
                 body["usage"] = None
             return data(body)
@@ -238,34 +266,43 @@ def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
         def data(body: dict[str, Any]) -> dict[str, str]:
             return {"data": json.dumps(body, ensure_ascii=False)}
 
-        done = False
+        done: list[Finished] = []
         try:
-            if is_chat:
-                yield chunk(None)  # the role, before any text
-            while True:
-                item = await job.channel.get()
-                if isinstance(item, str):
-                    yield chunk(item)
-                elif isinstance(item, Piece):
-                    yield chunk(item.text, logprobs=item.logprobs)
-                elif isinstance(item, Finished):
-                    use = wire.usage(item.prompt_tokens, item.completion_tokens)
-                    extra = {"usage": use, "draftless": item.stats}
-                    yield chunk("", item.finish_reason, extra, item.logprobs)
-                    if usage_chunk:
-                        yield data(wire.usage_chunk(is_chat, rid, model_name, use))
-                    yield {"data": "[DONE]"}
-                    done = True
-                    metrics.latency.observe(time.perf_counter() - job.arrived)
-                    metrics.requests.labels(endpoint, "200").inc()
-                    return
-                elif isinstance(item, BaseException):  # after the headers: an error event
+            for index, job in enumerate(jobs):
+                item = None if index == 0 else await job.channel.get()  # job 0's Started: read
+                if isinstance(item, BaseException):  # e.g. cancelled: the server shuts down
                     reply = error_response(item)
                     yield {"data": bytes(reply.body).decode()}
                     metrics.requests.labels(endpoint, str(reply.status_code)).inc()
                     return
+                if is_chat:
+                    yield chunk(index, None)  # the role, before any text
+                while True:
+                    item = await job.channel.get()
+                    if isinstance(item, str):
+                        yield chunk(index, item)
+                    elif isinstance(item, Piece):
+                        yield chunk(index, item.text, logprobs=item.logprobs)
+                    elif isinstance(item, Finished):
+                        done.append(item)
+                        last = len(done) == len(jobs)
+                        use = total_usage(done)
+                        extra = {"usage": use, "draftless": choice_stats(done)} if last else None
+                        yield chunk(index, "", item.finish_reason, extra, item.logprobs)
+                        break
+                    elif isinstance(item, BaseException):  # after the headers: an error event
+                        reply = error_response(item)
+                        yield {"data": bytes(reply.body).decode()}
+                        metrics.requests.labels(endpoint, str(reply.status_code)).inc()
+                        return
+            if usage_chunk:
+                yield data(wire.usage_chunk(is_chat, rid, model_name, total_usage(done)))
+            yield {"data": "[DONE]"}
+            metrics.latency.observe(time.perf_counter() - jobs[0].arrived)
+            metrics.requests.labels(endpoint, "200").inc()
         finally:
-            if not done:
-                job.cancelled.set()  # the client went away or the server shuts down
+            if len(done) < len(jobs):
+                for job in jobs:
+                    job.cancelled.set()  # the client went away or the server shuts down
 
     return app

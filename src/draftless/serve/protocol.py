@@ -25,6 +25,7 @@ MAX_STOPS = 16  # stop sequences per request
 MAX_REQUEST_REFERENCES = 4  # `references` documents per request
 MAX_REFERENCE_CHARS = 1_000_000  # characters per request reference
 MAX_SEED = 2**63 - 1
+MAX_CHOICES = 16  # `n` at most: choices are generated one after another
 
 
 def _encodable(text: str) -> str:
@@ -146,9 +147,9 @@ class _Params(BaseModel):
 
     @field_validator("n")
     @classmethod
-    def _one_choice(cls, n: int) -> int:
-        if n != 1:
-            raise ValueError(f"n must be 1 (this server generates one choice), got {n}")
+    def _choices(cls, n: int) -> int:
+        if not 1 <= n <= MAX_CHOICES:
+            raise ValueError(f"n must be in [1, {MAX_CHOICES}], got {n}")
         return n
 
     @field_validator("stream_options")
@@ -193,6 +194,17 @@ class _Params(BaseModel):
     @property
     def stop_sequences(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    def choices(self) -> list[Any]:
+        """One request per choice, each generated on its own (n = 1). Choice i draws from
+        `seed + i` when a seed is given, so choice 0 is what the request with n = 1 gets and
+        the others differ from it; without a seed each draws its own."""
+        if self.n == 1:
+            return [self]
+        seeds = [
+            None if self.seed is None else (self.seed + i) % (MAX_SEED + 1) for i in range(self.n)
+        ]
+        return [self.model_copy(update={"n": 1, "seed": seed}) for seed in seeds]
 
     @property
     def usage_chunk(self) -> bool:
@@ -372,13 +384,15 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
-def _body(kind: str, rid: str, model: str, choice: dict[str, Any]) -> dict[str, Any]:
+def _body(
+    kind: str, rid: str, model: str, choice: dict[str, Any], index: int = 0
+) -> dict[str, Any]:
     return {
         "id": rid,
         "object": kind,
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, **choice}],
+        "choices": [{"index": index, **choice}],
     }
 
 
@@ -386,17 +400,24 @@ def response(
     chat: bool,
     rid: str,
     model: str,
-    text: str,
-    finish: str,
+    choices: Sequence[tuple[str, str, dict[str, Any] | None]],
     use: dict[str, int],
     stats: dict[str, Any],
-    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A whole chat completion (`chat`) or text completion."""
-    content = {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
-    choice = content | {"finish_reason": finish, "logprobs": logprobs}
+    """A whole chat completion (`chat`) or text completion: one (text, finish_reason,
+    logprobs) per choice."""
     kind = "chat.completion" if chat else "text_completion"
-    return _body(kind, rid, model, choice) | {"usage": use, "draftless": stats}
+    body = _body(kind, rid, model, {}) | {"usage": use, "draftless": stats}
+    body["choices"] = [
+        {
+            "index": i,
+            **({"message": {"role": "assistant", "content": text}} if chat else {"text": text}),
+            "finish_reason": finish,
+            "logprobs": logprobs,
+        }
+        for i, (text, finish, logprobs) in enumerate(choices)
+    ]
+    return body
 
 
 def usage_chunk(chat: bool, rid: str, model: str, use: dict[str, int]) -> dict[str, Any]:
@@ -413,9 +434,10 @@ def chunk(
     finish: str | None = None,
     extra: dict[str, Any] | None = None,
     logprobs: dict[str, Any] | None = None,
+    index: int = 0,
 ) -> dict[str, Any]:
-    """A streamed piece of either: `text` (None: a chat's first chunk, which names the role;
-    a chat's last, with `finish`, has an empty delta)."""
+    """A streamed piece of choice `index` of either: `text` (None: a chat's first chunk,
+    which names the role; a chat's last, with `finish`, has an empty delta)."""
     if not chat:
         content: dict[str, Any] = {"text": text or ""}
     elif text is None:
@@ -424,4 +446,4 @@ def chunk(
         content = {"delta": {"content": text} if finish is None else {}}
     choice = content | {"finish_reason": finish, "logprobs": logprobs}
     kind = "chat.completion.chunk" if chat else "text_completion"
-    return _body(kind, rid, model, choice) | (extra or {})
+    return _body(kind, rid, model, choice, index) | (extra or {})
