@@ -56,6 +56,11 @@ PENALISED = SamplingOptions(
     presence_penalty=0.3,
     seed=99,
 )
+# a bias on tokens the induction model favours and on others: every row's pick can move
+BIASED = SamplingOptions(
+    temperature=0.9, seed=7, logit_bias=((3, -100.0), (7, -3.0), (11, 2.5), (20, 4.0))
+)
+GREEDY_BIASED = SamplingOptions(logit_bias=((3, -100.0), (9, -5.0), (15, 3.0)))
 ALWAYS = SpecOptions(gate=False)  # verify every draft: the decoder, not the gate, under test
 
 
@@ -74,7 +79,9 @@ def sources(reference: list[int]) -> dict[str, ScriptedSource]:
 
 @pytest.mark.parametrize("kind", ["perfect", "garbage", "alternating", "random"])
 @pytest.mark.parametrize(
-    "sampling", [GREEDY, SAMPLED, PENALISED], ids=["greedy", "sampled", "penalised"]
+    "sampling",
+    [GREEDY, SAMPLED, PENALISED, BIASED, GREEDY_BIASED],
+    ids=["greedy", "sampled", "penalised", "biased", "greedy-biased"],
 )
 def test_speculative_stream_equals_plain(kind: str, sampling: SamplingOptions) -> None:
     model = InductionModel(VOCAB, seed=5)
@@ -97,11 +104,20 @@ def test_speculative_stream_equals_plain(kind: str, sampling: SamplingOptions) -
     temperature=st.sampled_from([0.0, 0.7, 1.2]),
     max_draft=st.integers(1, 12),
     n=st.integers(1, 60),
+    bias=st.lists(
+        st.tuples(st.integers(0, VOCAB - 1), st.floats(-100, 100, allow_nan=False)), max_size=4
+    ),
 )
-def test_random_sources_never_change_the_stream(model_seed, source_seed, temperature, max_draft, n):
+def test_random_sources_never_change_the_stream(
+    model_seed, source_seed, temperature, max_draft, n, bias
+):
     model = InductionModel(VOCAB, seed=model_seed)
     sampling = SamplingOptions(
-        temperature=temperature, top_p=0.9, repeat_penalty=1.1, seed=model_seed
+        temperature=temperature,
+        top_p=0.9,
+        repeat_penalty=1.1,
+        seed=model_seed,
+        logit_bias=tuple(bias),
     )
     expected = plain(model, sampling, n)
     got = generate(

@@ -76,6 +76,31 @@ def test_penalties_change_the_greedy_pick() -> None:
     assert sample(ROW, [1], opts, make_rng(0)[0]) == 2
 
 
+def test_logit_bias_moves_the_pick_and_comes_before_the_penalties() -> None:
+    rng = CountingRng([])
+    assert sample(ROW, [], SamplingOptions(), rng) == 1  # type: ignore[arg-type]
+    banned = SamplingOptions(logit_bias=((1, -100.0),))
+    assert sample(ROW, [], banned, rng) == 2  # type: ignore[arg-type]
+    forced = SamplingOptions(logit_bias=((3, 100.0),))
+    assert sample(ROW, [], forced, rng) == 3  # type: ignore[arg-type]
+    assert rng.draws == 0  # still greedy
+    # llama.cpp's order: the bias, then the penalties (repeat divides the biased logit)
+    both = SamplingOptions(logit_bias=((1, 1.0),), repeat_penalty=2.0)
+    row = apply_penalties(ROW, [1], both)
+    assert row[1] == (3.0 + 1.0) / 2.0 and row[2] == 2.0
+    assert ROW[1] == 3.0  # the model's row is untouched
+    with pytest.raises(OptionsError, match="not a token id of this model"):
+        apply_penalties(ROW, [], SamplingOptions(logit_bias=((5, 1.0),)))
+
+
+@pytest.mark.parametrize(
+    "bias", [((1, 100.5),), ((1, float("nan")),), ((-1, 1.0),), ((True, 1.0),), ((1,),)]
+)
+def test_bad_logit_bias_is_named(bias) -> None:
+    with pytest.raises(OptionsError, match="logit_bias"):
+        SamplingOptions(logit_bias=bias)
+
+
 def test_top_k_keeps_the_k_best() -> None:
     ids, probs, _ = candidates(ROW.astype(np.float64), SamplingOptions(temperature=1.0, top_k=2))
     assert ids.tolist() == [1, 2]

@@ -6,7 +6,7 @@ from the rows plain decoding computes. So the log probabilities are those of pla
 with or without speculation, at no cost beyond the softmax of those rows.
 
 What is reported is the model's own distribution: the log-softmax of the raw logits row,
-before temperature, penalties and top-k/top-p/min-p (vLLM's default, "raw logprobs").
+before logit_bias, temperature, penalties and top-k/top-p/min-p (vLLM's default, "raw logprobs").
 
     recorder = LogprobRecorder(decoder, top=2)   # installs itself as the decoder's row hook
     for chunk in decoder.stream(50): ...

@@ -35,6 +35,9 @@ class OptionsError(UserError, ValueError):
     """An option is out of range; the message names it."""
 
 
+MAX_BIAS = 100.0  # logit_bias values, as OpenAI bounds them
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingOptions:
     temperature: float = 0.0  # <= 0: argmax
@@ -46,6 +49,9 @@ class SamplingOptions:
     presence_penalty: float = 0.0  # logit -= p if count > 0
     penalty_last_n: int = 64  # tokens of history the penalties see; -1: all; 0: none
     seed: int | None = None
+    # (token id, bias) pairs added to those logits before anything else (OpenAI's
+    # logit_bias; -100 all but bans a token, +100 all but forces it)
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         for name in (
@@ -76,6 +82,15 @@ class SamplingOptions:
             )
         if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
             raise OptionsError(f"seed must be a non-negative integer, got {self.seed!r}")
+        for pair in self.logit_bias:
+            token, bias = pair if isinstance(pair, tuple) and len(pair) == 2 else (None, None)
+            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+                raise OptionsError(f"logit_bias: {pair!r} is not a (token id, bias) pair")
+            if not isinstance(bias, int | float) or not -MAX_BIAS <= bias <= MAX_BIAS:
+                raise OptionsError(
+                    f"logit_bias of token {token} must be in [-{MAX_BIAS:g}, {MAX_BIAS:g}], "
+                    f"got {bias!r}"
+                )
 
     @property
     def greedy(self) -> bool:
@@ -103,13 +118,17 @@ def apply_penalties(
     options: SamplingOptions,
     out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """A penalised float64 copy of `logits` [vocab], in `out` if given (the input row is
-    never modified)."""
+    """A biased, penalised float64 copy of `logits` [vocab], in `out` if given (the input row
+    is never modified). The bias goes first, as in llama.cpp's sampler chain."""
     if out is None:
         row = np.array(logits, dtype=np.float64)
     else:
         row = out
         np.copyto(row, logits)
+    for token, bias in options.logit_bias:
+        if token >= row.shape[0]:
+            raise OptionsError(f"logit_bias: {token} is not a token id of this model")
+        row[token] += bias
     if not options.has_penalties or len(history) == 0:
         return row
     window = np.asarray(history, dtype=np.int64)
@@ -239,7 +258,7 @@ def sample(
 
     Greedy (temperature <= 0) draws nothing from `rng`; sampling draws exactly once.
     """
-    if options.greedy and not options.has_penalties:
+    if options.greedy and not options.has_penalties and not options.logit_bias:
         return int(np.argmax(logits))
     row = apply_penalties(logits, history, options, out=_scratch(logits.shape[0])[0])
     if options.greedy:

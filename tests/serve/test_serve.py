@@ -275,6 +275,23 @@ def test_n_choices_are_the_requests_with_seeds_seed_plus_i(spec, plain) -> None:
     assert parts == {0: text_of(one), 1: text_of(one)}
 
 
+def test_logit_bias_steers_the_answer_and_equals_no_spec(spec, plain) -> None:
+    body = {"prompt": "The capital of France is", "max_tokens": 12, "temperature": 0}
+    free = complete(plain, {**body, "logprobs": 0})
+    first = free["choices"][0]["logprobs"]["tokens"][0]
+    tok = spec.engine.model.tokenizer
+    banned = tok.encode(first)
+    assert len(banned) == 1  # the first token of the free answer, as an id
+    for extra in (
+        {"logit_bias": {str(banned[0]): -100}},
+        {"logit_bias": {"11": 5, "42": -2}, "temperature": 0.8, "seed": 3},
+    ):
+        a, b = complete(spec, {**body, **extra}), complete(plain, {**body, **extra})
+        same_answer(a, b)
+    steered = complete(spec, {**body, "logit_bias": {str(banned[0]): -100}, "logprobs": 0})
+    assert steered["choices"][0]["logprobs"]["tokens"][0] != first
+
+
 def test_stop_strings_and_stop_ids(spec, plain) -> None:
     prompt = "def fibonacci(n):\n"
     free = complete(plain, {"prompt": prompt, "max_tokens": 24, "temperature": 0})
@@ -405,7 +422,12 @@ BAD = [
     ("/v1/chat/completions", {**GOOD_CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ("/v1/completions", {"prompt": "hi", "logprobs": True}, "logprobs"),
     ("/v1/completions", {"prompt": "hi", "logprobs": 21}, "logprobs"),
-    ("/v1/chat/completions", {**GOOD_CHAT, "logit_bias": {"42": 5}}, "logit_bias"),
+    ("/v1/chat/completions", {**GOOD_CHAT, "logit_bias": {"x": 5}}, "logit_bias"),
+    ("/v1/chat/completions", {**GOOD_CHAT, "logit_bias": {"²": 5}}, "logit_bias"),
+    ("/v1/chat/completions", {**GOOD_CHAT, "logit_bias": {"-3": 5}}, "logit_bias"),
+    ("/v1/chat/completions", {**GOOD_CHAT, "logit_bias": {"42": 101}}, "logit_bias"),
+    ("/v1/chat/completions", {**GOOD_CHAT, "logit_bias": {"42": "up"}}, "logit_bias.42"),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"49152": 1}}, "logit_bias"),
     ("/v1/chat/completions", {**GOOD_CHAT, "tools": [{"type": "function"}]}, "tools"),
     ("/v1/chat/completions", {**GOOD_CHAT, "tool_choice": "required"}, "tool_choice"),
     (

@@ -211,6 +211,12 @@ class Engine:
                 f"stop_token_ids: {bad[0]} is not a token id of this model [0, {model.vocab_size})",
                 "stop_token_ids",
             )
+        biased = [t for t, _ in p.bias_pairs if t >= model.vocab_size]
+        if biased:
+            raise RequestError(
+                f"logit_bias: {biased[0]} is not a token id of this model [0, {model.vocab_size})",
+                "logit_bias",
+            )
         source, names = self._source(p.references or []) if self.spec else (None, [])
         started = time.perf_counter()
 

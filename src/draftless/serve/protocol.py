@@ -19,13 +19,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from draftless.errors import UsageError
 from draftless.logprobs import MAX_TOP, TokenLogprob
 from draftless.models.base import Tokenizer
-from draftless.sampling import SamplingOptions
+from draftless.sampling import MAX_BIAS, SamplingOptions
 
 MAX_STOPS = 16  # stop sequences per request
 MAX_REQUEST_REFERENCES = 4  # `references` documents per request
 MAX_REFERENCE_CHARS = 1_000_000  # characters per request reference
 MAX_SEED = 2**63 - 1
 MAX_CHOICES = 16  # `n` at most: choices are generated one after another
+MAX_BIASED = 1024  # logit_bias entries per request
 
 
 def _encodable(text: str) -> str:
@@ -46,7 +47,6 @@ def _encodable(text: str) -> str:
 # schema or tool calls and silently gets plain text is worse off than one told so. Their
 # "off" values (false, null, [], "none", {"type": "text"}) pass.
 UNSUPPORTED = {
-    "logit_bias": "logit_bias is not supported by this server",
     "response_format": "structured output (response_format) is not supported by this server",
     "tools": "tool calling is not supported by this server",
     "functions": "function calling is not supported by this server",
@@ -127,8 +127,8 @@ class _Params(BaseModel):
     # `logprobs: N` (the alternatives per token, 0-20). See `logprob_top`.
     logprobs: bool | int | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP)
+    logit_bias: dict[str, float] | None = None  # token id (as text) -> bias in [-100, 100]
     # UNSUPPORTED: kept to be refused when they ask for something
-    logit_bias: dict[str, float] | None = None
     response_format: dict[str, Any] | None = None
     tools: list[Any] | None = None
     functions: list[Any] | None = None
@@ -170,6 +170,29 @@ class _Params(BaseModel):
         for text in stops:
             _encodable(text)
         return stop
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        if bias is None:
+            return None
+        if len(bias) > MAX_BIASED:
+            raise ValueError(f"at most {MAX_BIASED} tokens, got {len(bias)}")
+        for key, value in bias.items():
+            try:
+                token = int(key)
+            except ValueError:
+                token = -1
+            if token < 0:
+                raise ValueError(f"keys are token ids, got {key!r}")
+            if not -MAX_BIAS <= value <= MAX_BIAS:  # NaN fails too
+                raise ValueError(f"the bias of token {key} must be in [-100, 100], got {value}")
+        return bias
+
+    @property
+    def bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        """logit_bias as the sampler takes it: (token id, bias), ascending ids."""
+        return tuple(sorted((int(k), float(v)) for k, v in (self.logit_bias or {}).items()))
 
     @field_validator("stop_token_ids")
     @classmethod
@@ -227,6 +250,7 @@ class _Params(BaseModel):
             presence_penalty=self.presence_penalty,
             penalty_last_n=self.penalty_last_n,
             seed=self.seed,
+            logit_bias=self.bias_pairs,
         )
 
 
