@@ -205,18 +205,14 @@ class Engine:
                 "context_length_exceeded",
             )
         stop_ids = frozenset(p.stop_token_ids or ())
-        bad = sorted(t for t in stop_ids if t >= model.vocab_size)
-        if bad:
-            raise RequestError(
-                f"stop_token_ids: {bad[0]} is not a token id of this model [0, {model.vocab_size})",
-                "stop_token_ids",
-            )
-        biased = [t for t, _ in p.bias_pairs if t >= model.vocab_size]
-        if biased:
-            raise RequestError(
-                f"logit_bias: {biased[0]} is not a token id of this model [0, {model.vocab_size})",
-                "logit_bias",
-            )
+        biased = [t for t, _ in p.bias_pairs]
+        for param, asked in (("stop_token_ids", stop_ids), ("logit_bias", biased)):
+            bad = sorted(t for t in asked if t >= model.vocab_size)
+            if bad:
+                raise RequestError(
+                    f"{param}: {bad[0]} is not a token id of this model [0, {model.vocab_size})",
+                    param,
+                )
         source, names = self._source(p.references or []) if self.spec else (None, [])
         started = time.perf_counter()
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
@@ -186,7 +186,9 @@ class _Params(BaseModel):
             if token < 0:
                 raise ValueError(f"keys are token ids, got {key!r}")
             if not -MAX_BIAS <= value <= MAX_BIAS:  # NaN fails too
-                raise ValueError(f"the bias of token {key} must be in [-100, 100], got {value}")
+                raise ValueError(
+                    f"the bias of token {key} must be in [-{MAX_BIAS:g}, {MAX_BIAS:g}], got {value}"
+                )
         return bias
 
     @property
@@ -218,7 +220,7 @@ class _Params(BaseModel):
     def stop_sequences(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
-    def choices(self) -> list[Any]:
+    def choices(self) -> list[Self]:
         """One request per choice, each generated on its own (n = 1). Choice i draws from
         `seed + i` when a seed is given, so choice 0 is what the request with n = 1 gets and
         the others differ from it; without a seed each draws its own."""
