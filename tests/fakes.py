@@ -29,7 +29,7 @@ class FakeTokenizer:
     def decode(self, token_ids: Sequence[int], *, skip_special: bool = False) -> str:
         return "".join(chr(32 + t % 90) for t in token_ids)
 
-    def apply_chat_template(self, messages, *, add_generation_prompt: bool = True) -> list[int]:
+    def apply_chat_template(self, messages, *, add_generation_prompt=True, tools=None) -> list[int]:
         return [t for m in messages for t in self.encode(m["content"])]
 
     def is_special(self, token_id: int) -> bool:

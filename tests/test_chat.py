@@ -72,7 +72,7 @@ class ChatTokenizer:
             text += f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n"
         return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
 
-    def apply_chat_template(self, messages, *, add_generation_prompt: bool = True) -> list[int]:
+    def apply_chat_template(self, messages, *, add_generation_prompt=True, tools=None) -> list[int]:
         return self.encode(self.render(messages, add_generation_prompt))
 
     def is_special(self, token_id: int) -> bool:
@@ -712,7 +712,7 @@ def test_smollm2_two_turns_plain_equals_speculative_and_the_stream_is_the_templa
 
 def test_a_model_without_a_chat_template_is_refused_at_construction() -> None:
     class NoTemplate(ChatTokenizer):
-        def apply_chat_template(self, messages, *, add_generation_prompt: bool = True):
+        def apply_chat_template(self, messages, *, add_generation_prompt=True, tools=None):
             raise RuntimeError("no chat template in this model")
 
     model = chat_model()

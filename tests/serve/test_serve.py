@@ -375,6 +375,14 @@ def test_the_context_end_is_length_not_an_error(spec, plain) -> None:
 
 # -- bad requests: 4xx, OpenAI-shaped, and the server keeps serving ----------------------
 GOOD_CHAT = {"messages": CHAT, "max_tokens": 2}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
 BAD = [
     ("/v1/chat/completions", b'{"messages": [', None),
     ("/v1/chat/completions", b"\xff\xfe not json", None),
@@ -428,8 +436,44 @@ BAD = [
     ("/v1/chat/completions", {**GOOD_CHAT, "logit_bias": {"42": 101}}, "logit_bias"),
     ("/v1/chat/completions", {**GOOD_CHAT, "logit_bias": {"42": "up"}}, "logit_bias.42"),
     ("/v1/completions", {"prompt": "hi", "logit_bias": {"49152": 1}}, "logit_bias"),
-    ("/v1/chat/completions", {**GOOD_CHAT, "tools": [{"type": "function"}]}, "tools"),
+    ("/v1/chat/completions", {**GOOD_CHAT, "tools": [{"type": "function"}]}, "tools.0.function"),
+    # SmolLM2's template has no place for tools: the model would never see them
+    ("/v1/chat/completions", {**GOOD_CHAT, "tools": [WEATHER]}, "tools"),
+    (
+        "/v1/chat/completions",
+        {**GOOD_CHAT, "tools": [{"type": "function", "function": {"name": "get weather"}}]},
+        "tools.0.function.name",
+    ),
     ("/v1/chat/completions", {**GOOD_CHAT, "tool_choice": "required"}, "tool_choice"),
+    (
+        "/v1/chat/completions",
+        {**GOOD_CHAT, "tool_choice": {"type": "function", "function": {"name": "f"}}},
+        "tool_choice",
+    ),
+    ("/v1/completions", {"prompt": "hi", "tools": [WEATHER]}, "tools"),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "tool", "content": "18C"}]},
+        "messages.0",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "hi", "tool_calls": [CALL]}]},
+        "messages.0",
+    ),
+    (
+        "/v1/chat/completions",
+        {
+            "messages": [
+                {
+                    "role": "assistant",
+                    "tool_calls": [{**CALL, "function": {"name": "f", "arguments": "{oops"}}],
+                }
+            ]
+        },
+        "messages.0.tool_calls.0.function.arguments",
+    ),
+    ("/v1/chat/completions", {**GOOD_CHAT, "functions": [WEATHER["function"]]}, "functions"),
     (
         "/v1/chat/completions",
         {**GOOD_CHAT, "response_format": {"type": "json_object"}},

@@ -23,10 +23,10 @@ it calls truncate(4) (cache holds 5 9 2 7) and carries 4.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -80,9 +80,15 @@ class Tokenizer(Protocol):
     def decode(self, token_ids: Sequence[int], *, skip_special: bool = False) -> str: ...
 
     def apply_chat_template(
-        self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[int]:
-        """Token ids of a chat, rendered with the model's own template."""
+        """Token ids of a chat, rendered with the model's own template. Messages are OpenAI's
+        ({"role", "content"}, an assistant's "tool_calls", a tool's "tool_call_id"); `tools`
+        (OpenAI's function definitions) go to the template, which may or may not use them."""
         ...
 
     def is_special(self, token_id: int) -> bool: ...

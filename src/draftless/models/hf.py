@@ -386,7 +386,11 @@ class HFTokenizer:
         return str(text)
 
     def apply_chat_template(
-        self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[int]:
         """Render the tokenizer's chat template and tokenize it.
 
@@ -401,6 +405,7 @@ class HFTokenizer:
             rendered = self._tok.apply_chat_template(
                 [dict(m) for m in messages],
                 add_generation_prompt=add_generation_prompt,
+                tools=None if tools is None else [dict(t) for t in tools],
                 tokenize=True,
                 sanitize_control_tokens=True,
             )

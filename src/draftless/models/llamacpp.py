@@ -84,7 +84,7 @@ import operator
 import os
 import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
 from importlib.metadata import version
@@ -435,7 +435,11 @@ class LlamaCppTokenizer:
         return self._piece(int(token_id))[1]
 
     def apply_chat_template(
-        self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[int]:
         """Render the GGUF's `tokenizer.chat_template` (Jinja) and tokenize it.
 
@@ -464,6 +468,7 @@ class LlamaCppTokenizer:
             text = self._template.render(
                 messages=[_mark_control_text(dict(m), control) for m in messages],
                 add_generation_prompt=add_generation_prompt,
+                tools=None if tools is None else [dict(t) for t in tools],
                 bos_token=self._special_text(bos),
                 eos_token=self._special_text(eos),
             )

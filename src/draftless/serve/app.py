@@ -226,7 +226,7 @@ def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
             chat,
             rid,
             model_name,
-            [(f.text, f.finish_reason, f.logprobs) for f in done],
+            [(f.text, f.finish_reason, f.logprobs, f.tool_calls) for f in done],
             total_usage(done),
             choice_stats(done),
         )
@@ -284,6 +284,11 @@ def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
                     elif isinstance(item, Piece):
                         yield chunk(index, item.text, logprobs=item.logprobs)
                     elif isinstance(item, Finished):
+                        if item.tool_calls:
+                            body = wire.tool_calls_chunk(rid, model_name, item.tool_calls, index)
+                            if usage_chunk:
+                                body["usage"] = None
+                            yield data(body)
                         done.append(item)
                         last = len(done) == len(jobs)
                         use = total_usage(done)

@@ -42,6 +42,8 @@ from draftless.serve import protocol as wire
 from draftless.serve.history import DEFAULT_INDEX_BUDGET, RequestHistory
 from draftless.serve.metrics import Metrics
 from draftless.serve.protocol import ChatRequest, CompletionRequest, RequestError
+from draftless.serve.tools import ToolCall, ToolCallStream
+from draftless.serve.tools import parse as parse_tool_calls
 from draftless.sources.cascade import SpeculationIndex
 from draftless.text import generate_text
 
@@ -72,6 +74,8 @@ class Finished:
     # the choice's `logprobs` (a stream's last chunk: of the tokens not sent yet); None
     # when the request did not ask for them
     logprobs: dict[str, Any] | None = None
+    # the calls in the text (a request with tools); `text` is then the text around them
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 class Cancelled(Exception):
@@ -191,8 +195,16 @@ class Engine:
     def _serve(self, job: Job) -> Finished:
         p, model, dec = job.params, self.model, self.decoder
         tok = model.tokenizer
+        tools, tool_names = None, []
         if isinstance(p, ChatRequest):
-            ids, what = tok.apply_chat_template(p.chat(), add_generation_prompt=True), "messages"
+            tools, tool_names = p.offered_tools, p.tool_names
+            ids, what = tok.apply_chat_template(p.chat(), tools=tools), "messages"
+            if tools is not None and ids == tok.apply_chat_template(p.chat()):
+                raise RequestError(
+                    f"the chat template of {model.name} has no place for tools (it renders "
+                    "the same with them and without), so the model would never see them",
+                    "tools",
+                )
         else:
             ids, what = tok.encode(p.text(), add_special=True), "prompt"
         if not ids:
@@ -236,15 +248,21 @@ class Engine:
         room = self.n_ctx - (len(ids) - 1) if self.n_ctx is not None else NO_LIMIT
         limit = min(p.token_limit or room, room)  # never a forward past the context's end
         shown: list[str] = []
+        calls = ToolCallStream(tool_names) if tools is not None and job.stream else None
         top = p.logprob_top
         logprobs = None if top is None else _Logprobs(p, LogprobRecorder(dec, top), tok, len(ids))
+
+        def show(piece: str) -> None:
+            shown.append(piece)
+            if calls is not None:  # text that may open a tool call waits for the end
+                piece = calls.feed(piece)
+            if job.stream and piece:
+                job.send(piece if logprobs is None else Piece(piece, logprobs.next()))
 
         def emit(piece: str) -> None:  # called between decoder steps, with safe text
             if job.cancelled.is_set():
                 raise Cancelled("the client went away")
-            shown.append(piece)
-            if job.stream:
-                job.send(piece if logprobs is None else Piece(piece, logprobs.next()))
+            show(piece)
 
         eos = model.eos_token_ids | stop_ids
         t0 = time.perf_counter()
@@ -270,8 +288,8 @@ class Engine:
             tokens = dec.history[len(ids) :]
             text, reason = tok.decode(tokens, skip_special=True), "length"
             done = "".join(shown)
-            if job.stream and text.startswith(done) and len(text) > len(done):
-                job.send(text[len(done) :])
+            if text.startswith(done) and len(text) > len(done):
+                show(text[len(done) :])
         finally:
             if logprobs is not None:
                 logprobs.recorder.close()
@@ -283,12 +301,22 @@ class Engine:
         stats = self._stats(reason, len(ids), reused, len(tokens), times, names)
         self._record(len(ids), reused, len(tokens), stats["edits"])
         finish = "length" if reason in ("length", "context") else "stop"
+        found: tuple[ToolCall, ...] = ()
+        if calls is not None:  # streamed: what the stream held back, then the calls
+            held, found = calls.finish()
+            if held:
+                job.send(held)  # its log probabilities come with the last chunk
+        elif tools is not None:
+            parsed = parse_tool_calls(text, tool_names)
+            text, found = parsed.content or "", parsed.calls
+        if found:
+            finish = "tool_calls"
         # a stop id ends the run but is no text: it has no log probability to show
         shown_tokens = len(tokens) - (reason == "stop")
         rest = None
         if logprobs is not None:
             rest = logprobs.next(shown_tokens, whole=not job.stream)
-        return Finished(text, finish, len(ids), len(tokens), stats, rest)
+        return Finished(text, finish, len(ids), len(tokens), stats, rest, found)
 
     def _source(self, texts: Sequence[str]) -> tuple[Any, list[str]]:
         """A fresh SpeculationIndex with the server's references, the cross-request history

@@ -9,17 +9,26 @@ context) comes back as a `UserError` and is answered with the same error body:
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Sequence
 from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from draftless.errors import UsageError
 from draftless.logprobs import MAX_TOP, TokenLogprob
 from draftless.models.base import Tokenizer
 from draftless.sampling import MAX_BIAS, SamplingOptions
+from draftless.serve.tools import ToolCall
 
 MAX_STOPS = 16  # stop sequences per request
 MAX_REQUEST_REFERENCES = 4  # `references` documents per request
@@ -27,6 +36,7 @@ MAX_REFERENCE_CHARS = 1_000_000  # characters per request reference
 MAX_SEED = 2**63 - 1
 MAX_CHOICES = 16  # `n` at most: choices are generated one after another
 MAX_BIASED = 1024  # logit_bias entries per request
+MAX_TOOLS = 128  # tools per request (OpenAI's limit)
 
 
 def _encodable(text: str) -> str:
@@ -48,10 +58,8 @@ def _encodable(text: str) -> str:
 # "off" values (false, null, [], "none", {"type": "text"}) pass.
 UNSUPPORTED = {
     "response_format": "structured output (response_format) is not supported by this server",
-    "tools": "tool calling is not supported by this server",
-    "functions": "function calling is not supported by this server",
-    "tool_choice": "tool calling is not supported by this server",
-    "function_call": "function calling is not supported by this server",
+    "functions": "functions and function_call are the old names: send tools and tool_choice",
+    "function_call": "functions and function_call are the old names: send tools and tool_choice",
     "echo": "echo is not supported by this server",
     "suffix": "suffix (insertion) is not supported by this server",
     "best_of": "best_of must be 1 (this server generates one choice)",
@@ -62,8 +70,8 @@ def _asks_for(name: str, value: Any) -> bool:
     """Whether an UNSUPPORTED field's value asks for the feature."""
     if value is None or value is False or value == [] or value == {} or value == "":
         return False
-    if name == "tool_choice" or name == "function_call":
-        return value not in ("none", "auto")  # auto, without tools, is no tool call
+    if name == "function_call":
+        return value not in ("none", "auto")  # auto, without functions, is no call
     if name == "response_format":
         return not (isinstance(value, dict) and value.get("type") == "text")
     if name == "best_of":
@@ -130,9 +138,7 @@ class _Params(BaseModel):
     logit_bias: dict[str, float] | None = None  # token id (as text) -> bias in [-100, 100]
     # UNSUPPORTED: kept to be refused when they ask for something
     response_format: dict[str, Any] | None = None
-    tools: list[Any] | None = None
     functions: list[Any] | None = None
-    tool_choice: str | dict[str, Any] | None = None
     function_call: str | dict[str, Any] | None = None
     echo: bool | None = None
     suffix: str | None = None
@@ -273,16 +279,67 @@ class TextPart(BaseModel):
         return _encodable(text)
 
 
+class FunctionDef(BaseModel):
+    """A tool the model may call: its name, what it does and its JSON-schema parameters."""
+
+    model_config = ConfigDict(extra="allow")  # e.g. strict: passed to the template as sent
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(BaseModel):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # a JSON object, as text (OpenAI's shape)
+
+    @field_validator("arguments")
+    @classmethod
+    def _object(cls, arguments: str) -> str:
+        try:
+            value = json.loads(arguments)
+        except ValueError:
+            value = None
+        if not isinstance(value, dict):
+            raise ValueError("arguments must be a JSON object, as text")
+        return arguments
+
+
+class MessageToolCall(BaseModel):
+    """A call an earlier assistant message made, sent back with the conversation."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    tool_calls: list[MessageToolCall] | None = None  # an assistant's calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
     @field_validator("content")
     @classmethod
     def _content(cls, content: str | list[TextPart] | None) -> str | list[TextPart] | None:
         return _encodable(content) if isinstance(content, str) else content
+
+    @model_validator(mode="after")
+    def _roles(self) -> Self:
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError(f"tool_calls belong to assistant messages, not {self.role}")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs the tool_call_id of the call it answers")
+        return self
 
     def text(self) -> str:
         if self.content is None:
@@ -291,9 +348,58 @@ class ChatMessage(BaseModel):
             return self.content
         return "".join(part.text for part in self.content)
 
+    def for_template(self) -> dict[str, Any]:
+        """The message as chat templates take it: OpenAI's roles ("developer" is "system"),
+        the content as text, and a call's arguments as an object (Qwen's and Hermes'
+        templates write `arguments | tojson`)."""
+        message: dict[str, Any] = {
+            "role": "system" if self.role == "developer" else self.role,
+            "content": self.text(),
+        }
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {
+                        "name": call.function.name,
+                        "arguments": json.loads(call.function.arguments),
+                    },
+                }
+                for call in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
+
 
 class ChatRequest(_Params):
     messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[Tool] | None = Field(default=None, max_length=MAX_TOOLS)
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None  # every call the model writes is returned
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice(cls, choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+        if choice == "required" or isinstance(choice, dict):
+            raise ValueError(
+                "tool_choice 'required' or a named function is not supported: this server "
+                "does not constrain what the model writes; send 'auto' (or leave it out)"
+            )
+        return choice
+
+    @property
+    def offered_tools(self) -> list[dict[str, Any]] | None:
+        """The tools as the chat template takes them; None when there are none to call
+        (no tools, or tool_choice "none")."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return [t.model_dump(exclude_none=True) for t in self.tools]
+
+    @property
+    def tool_names(self) -> list[str]:
+        return [t.function.name for t in self.tools or ()]
 
     @field_validator("logprobs")
     @classmethod
@@ -314,14 +420,22 @@ class ChatRequest(_Params):
         """Alternatives to report per token; None: no log probabilities asked for."""
         return (self.top_logprobs or 0) if self.logprobs else None
 
-    def chat(self) -> list[dict[str, str]]:
-        """The messages as the chat template wants them ("developer" is OpenAI's "system")."""
-        role = {"developer": "system"}
-        return [{"role": role.get(m.role, m.role), "content": m.text()} for m in self.messages]
+    def chat(self) -> list[dict[str, Any]]:
+        """The messages as the chat template wants them (see ChatMessage.for_template)."""
+        return [m.for_template() for m in self.messages]
 
 
 class CompletionRequest(_Params):
     prompt: str | list[str]
+    tools: list[Any] | None = None  # refused: tools are for chat completions
+    tool_choice: str | dict[str, Any] | None = None
+
+    @field_validator("tools", "tool_choice")
+    @classmethod
+    def _chat_only(cls, value: Any) -> Any:
+        if value not in (None, [], "none", "auto"):
+            raise ValueError("tools are for /v1/chat/completions")
+        return value
 
     @field_validator("logprobs")
     @classmethod
@@ -422,28 +536,47 @@ def _body(
     }
 
 
+def message(text: str, calls: Sequence[ToolCall] = ()) -> dict[str, Any]:
+    """A whole chat choice's message; with tool calls, content is null unless the model
+    wrote text beside them (as OpenAI answers)."""
+    if not calls:
+        return {"role": "assistant", "content": text}
+    content = text or None  # the parser keeps no whitespace around calls
+    return {"role": "assistant", "content": content, "tool_calls": [c.to_wire() for c in calls]}
+
+
 def response(
     chat: bool,
     rid: str,
     model: str,
-    choices: Sequence[tuple[str, str, dict[str, Any] | None]],
+    choices: Sequence[tuple[str, str, dict[str, Any] | None, Sequence[ToolCall]]],
     use: dict[str, int],
     stats: dict[str, Any],
 ) -> dict[str, Any]:
     """A whole chat completion (`chat`) or text completion: one (text, finish_reason,
-    logprobs) per choice."""
+    logprobs, tool calls) per choice."""
     kind = "chat.completion" if chat else "text_completion"
     body = _body(kind, rid, model, {}) | {"usage": use, "draftless": stats}
     body["choices"] = [
         {
             "index": i,
-            **({"message": {"role": "assistant", "content": text}} if chat else {"text": text}),
+            **({"message": message(text, calls)} if chat else {"text": text}),
             "finish_reason": finish,
             "logprobs": logprobs,
         }
-        for i, (text, finish, logprobs) in enumerate(choices)
+        for i, (text, finish, logprobs, calls) in enumerate(choices)
     ]
     return body
+
+
+def tool_calls_chunk(
+    rid: str, model: str, calls: Sequence[ToolCall], index: int = 0
+) -> dict[str, Any]:
+    """A streamed chat chunk that carries a choice's tool calls, each whole (a client joins
+    the `arguments` of deltas with the same call index, so one delta per call is a stream)."""
+    delta = {"tool_calls": [c.to_wire(i) for i, c in enumerate(calls)]}
+    choice = {"delta": delta, "finish_reason": None, "logprobs": None}
+    return _body("chat.completion.chunk", rid, model, choice, index)
 
 
 def usage_chunk(chat: bool, rid: str, model: str, use: dict[str, int]) -> dict[str, Any]:

@@ -1,0 +1,214 @@
+"""Tool calls out of generated text: the Hermes family of formats (Qwen 2.5, Hermes 2 Pro and
+the many models trained on them), parsed as tolerantly as llama.cpp's server parses them.
+
+A chat template that takes `tools` tells the model to answer a call as
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+
+Small models drift from that: Qwen2.5-Coder-0.5B writes the same object in a ```json fence,
+or bare. So a call opens with an optional fence (```, ```json, ```xml), then an optional tag
+(<tool_call>, <function_call>, <tools>, <tool>, <json>, <response>), then a JSON object
+whose "name" is one of the request's tools and whose "arguments" (or "parameters") is an
+object or a JSON text; the matching closing tag and fence are taken when they follow. The
+text outside calls is the message's content (less the whitespace around the calls).
+
+Nothing is dropped: an opening whose JSON does not parse, or that names no tool of the
+request, stays in the content as it was written (the client sees what the model wrote, as
+it would without tools), and so does a call cut off by the token limit.
+
+Streaming: `ToolCallStream` passes content through as it comes and holds back only from the
+first place where a call could begin to the end, parsing that at the end of the run; the
+content it sends plus what `finish` returns is what `parse` makes of the whole text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+_TAGS = ("tool_call", "function_call", "tools", "tool", "json", "response")
+_LANGS = ("json", "xml")  # a fence's language
+_WS = " \t\r\n"
+_MAY_OPEN = re.compile("[`<{]")  # the first character of every opening
+_DECODER = json.JSONDecoder()
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    name: str
+    arguments: str  # a JSON text, as OpenAI sends it
+    id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
+
+    def to_wire(self, index: int | None = None) -> dict[str, Any]:
+        """OpenAI's shape: {"id", "type": "function", "function": {"name", "arguments"}};
+        streamed deltas also carry the call's `index`."""
+        call = {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+        return call if index is None else {"index": index, **call}
+
+
+@dataclass(frozen=True, slots=True)
+class Parsed:
+    content: str | None  # None when the message is only calls (OpenAI's null content)
+    calls: tuple[ToolCall, ...]
+
+
+def _arguments(obj: dict[str, Any]) -> str | None:
+    """The call's arguments as a JSON text, or None if it has none a client could use."""
+    args = obj.get("arguments", obj.get("parameters"))
+    if isinstance(args, str):  # a JSON text already (OpenAI's own shape)
+        try:
+            decoded = json.loads(args)
+        except ValueError:
+            return None
+        return args if isinstance(decoded, dict) else None
+    if isinstance(args, dict):
+        return json.dumps(args, ensure_ascii=False)
+    return None
+
+
+def _opening(s: str, at: int = 0) -> tuple[bool | None, int, str | None, bool]:
+    """Whether `s[at:]` starts with a call's opening: [fence] [tag] `{` `"name"`, with
+    whitespace between. (True, where the object starts, the tag, whether fenced); (None, ...)
+    when `s[at:]` is a prefix of an opening, which more text may complete; (False, ...) when
+    no text can."""
+    n = len(s)
+
+    def prefix_of(word: str, i: int) -> bool:  # s[i:] is a proper prefix of word
+        return n - i < len(word) and word.startswith(s[i:])
+
+    def blank(i: int) -> int:
+        while i < n and s[i] in _WS:
+            i += 1
+        return i
+
+    i = at
+    fenced = s.startswith("`", i)
+    if fenced:
+        if not s.startswith("```", i):
+            return (None if prefix_of("```", i) else False), 0, None, True
+        i += 3
+        for lang in _LANGS:
+            if s.startswith(lang, i):
+                i += len(lang)
+                break
+            if i < n and prefix_of(lang, i):
+                return None, 0, None, True
+        while i < n and s[i] in " \t":
+            i += 1
+        if i == n:
+            return None, 0, None, True
+        if s[i] != "\n":
+            return False, 0, None, True
+        i = blank(i + 1)
+    tag = None
+    if i < n and s[i] == "<":
+        tag = next((t for t in _TAGS if s.startswith(f"<{t}>", i)), None)
+        if tag is None:
+            maybe = any(prefix_of(f"<{t}>", i) for t in _TAGS)
+            return (None if maybe else False), 0, None, fenced
+        i = blank(i + len(tag) + 2)
+    if i == n:
+        return None, 0, tag, fenced
+    if s[i] != "{":
+        return False, 0, tag, fenced
+    obj = i
+    i = blank(i + 1)
+    if s.startswith('"name"', i):
+        return True, obj, tag, fenced
+    return (None if prefix_of('"name"', i) else False), obj, tag, fenced
+
+
+def _call_at(text: str, start: int, names: frozenset[str]) -> tuple[ToolCall, int] | None:
+    """The call that opens at `start` and where it ends, or None if none opens there."""
+    opens, obj_at, tag, fenced = _opening(text, start)
+    if not opens:
+        return None
+    try:
+        obj, end = _DECODER.raw_decode(text, obj_at)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or obj.get("name") not in names:
+        return None
+    arguments = _arguments(obj)
+    if arguments is None:
+        return None
+    for closing in ([f"</{tag}>"] if tag else []) + (["```"] if fenced else []):
+        after = end
+        while after < len(text) and text[after] in _WS:
+            after += 1
+        if text.startswith(closing, after):
+            end = after + len(closing)
+    return ToolCall(obj["name"], arguments), end
+
+
+def _split(text: str, names: frozenset[str]) -> tuple[str, tuple[ToolCall, ...]]:
+    """(the text outside calls, the calls), scanning left to right. The whitespace that
+    lays calls out (the newlines before, between and after them) is not content."""
+    calls: list[ToolCall] = []
+    content: list[str] = []
+    pos = 0  # text before pos is decided
+    scan = 0  # the next place a call could open
+    while (m := _MAY_OPEN.search(text, scan)) is not None:
+        found = _call_at(text, m.start(), names)
+        if found is None:
+            scan = m.start() + 1
+            continue
+        call, end = found
+        before = text[pos : m.start()]
+        content.append((before.lstrip(_WS) if calls else before).rstrip(_WS))
+        calls.append(call)
+        pos = scan = end
+    content.append(text[pos:].lstrip(_WS) if calls else text[pos:])
+    return "".join(content), tuple(calls)
+
+
+def parse(text: str, names: Iterable[str]) -> Parsed:
+    """The calls in `text` to the tools named `names`, and the text around them."""
+    content, calls = _split(text, frozenset(names))
+    return Parsed(None if calls and not content.strip(_WS) else content, calls)
+
+
+class ToolCallStream:
+    """Streamed content for a request with tools: `feed` each decoded piece and send what it
+    returns; `finish` returns the rest of the content and the calls."""
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self.names = frozenset(names)
+        self.text = ""  # everything fed
+        self.sent = 0  # characters of `text` sent as content
+        self.holding = False  # a call may have opened: hold everything to the end
+
+    def feed(self, piece: str) -> str:
+        self.text += piece
+        if self.holding:
+            return ""
+        rest = self.text[self.sent :]
+        cut = len(rest)
+        for m in _MAY_OPEN.finditer(rest):
+            opens = _opening(rest, m.start())[0]
+            if opens is False:
+                continue
+            self.holding = opens is True  # an opening: the rest is decided at the end
+            cut = m.start()
+            break
+        # whitespace before what is held waits too: a reply of only calls has no content
+        out = rest[:cut].rstrip(_WS)
+        self.sent += len(out)
+        return out
+
+    def finish(self) -> tuple[str, tuple[ToolCall, ...]]:
+        """(content not sent yet, the calls)."""
+        content, calls = _split(self.text[self.sent :], self.names)
+        if calls and self.sent == 0 and not content.strip(_WS):
+            content = ""
+        return content, calls

@@ -1,0 +1,151 @@
+"""Tool calling through `draftless serve`, end to end on a model whose chat template takes tools
+(Qwen2.5-Coder-0.5B-Instruct, when cached), with the official `openai` client: a call comes
+back as OpenAI's `tool_calls`, whole and streamed alike, the conversation goes on with the
+call and its result, and the speculating server answers exactly what the plain one does."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+pytest.importorskip("llama_cpp")
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+
+from draftless.models.registry import load_model  # noqa: E402
+from model_skips import requires_model  # noqa: E402
+from serving import serve_model  # noqa: E402
+
+pytestmark = [
+    pytest.mark.llamacpp,
+    pytest.mark.slow,
+    requires_model("qwen2.5-coder-0.5b"),
+]
+
+NAME = "qwen2.5-coder-0.5b"
+N_CTX = 2048
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The current weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+GREEDY = {"temperature": 0, "max_tokens": 60}
+
+
+@pytest.fixture(scope="module")
+def model() -> Any:
+    return load_model(NAME, backend="llamacpp", n_ctx=N_CTX)
+
+
+@pytest.fixture(scope="module")
+def servers(model: Any) -> Any:
+    spec = serve_model(model, spec=True)
+    plain = serve_model(load_model(NAME, backend="llamacpp", n_ctx=N_CTX), spec=False)
+    yield spec, plain
+    spec.stop()
+    plain.stop()
+
+
+def client(server: Any) -> Any:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+
+
+def calls(message: Any) -> list[tuple[str, dict[str, Any]]]:
+    return [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or ()]
+
+
+def streamed(server: Any, **body: Any) -> tuple[str, list[tuple[str, dict[str, Any]]], str]:
+    """(content, calls, finish_reason) of a streamed request, joined as a client joins them."""
+    content, finish = "", ""
+    parts: dict[int, dict[str, str]] = {}
+    for chunk in client(server).chat.completions.create(model=NAME, stream=True, **body):
+        choice = chunk.choices[0]
+        content += choice.delta.content or ""
+        for d in choice.delta.tool_calls or ():
+            part = parts.setdefault(d.index, {"name": "", "arguments": ""})
+            part["name"] += d.function.name or ""
+            part["arguments"] += d.function.arguments or ""
+        finish = choice.finish_reason or finish
+    found = [(p["name"], json.loads(p["arguments"])) for _, p in sorted(parts.items())]
+    return content, found, finish
+
+
+def test_a_call_comes_back_whole_and_streamed_and_equals_no_spec(servers) -> None:
+    spec, plain = servers
+    answers = [
+        client(s).chat.completions.create(model=NAME, messages=ASK, tools=TOOLS, **GREEDY)
+        for s in (spec, plain)
+    ]
+    for a in answers:
+        choice = a.choices[0]
+        assert choice.finish_reason == "tool_calls"
+        assert calls(choice.message) == [("get_weather", {"city": "Paris"})]
+        assert choice.message.content is None
+        assert choice.message.tool_calls[0].id.startswith("call_")
+    assert answers[0].usage == answers[1].usage
+    for s in (spec, plain):
+        content, found, finish = streamed(s, messages=ASK, tools=TOOLS, **GREEDY)
+        assert (content, found, finish) == ("", [("get_weather", {"city": "Paris"})], "tool_calls")
+
+
+def test_the_conversation_goes_on_with_the_call_and_its_result(servers, model) -> None:
+    spec, plain = servers
+    first = client(spec).chat.completions.create(model=NAME, messages=ASK, tools=TOOLS, **GREEDY)
+    call = first.choices[0].message.tool_calls[0]
+    history = [
+        *ASK,
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "18 C and sunny"},
+    ]
+    answers = [
+        client(s).chat.completions.create(model=NAME, messages=history, tools=TOOLS, **GREEDY)
+        for s in (spec, plain)
+    ]
+    # the template got the call back with its arguments as an object, and the result
+    rendered = [
+        *ASK,
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": call.id, "content": "18 C and sunny"},
+    ]
+    ids = model.tokenizer.apply_chat_template(rendered, tools=TOOLS)
+    text = model.tokenizer.decode(ids)
+    assert '{"name": "get_weather", "arguments": {"city": "Paris"}}' in text
+    assert "<tool_response>\n18 C and sunny\n</tool_response>" in text
+    assert answers[0].usage.prompt_tokens == len(ids)
+    a, b = (x.choices[0] for x in answers)
+    assert (a.message.content, calls(a.message), a.finish_reason) == (
+        b.message.content,
+        calls(b.message),
+        b.finish_reason,
+    )
+
+
+def test_tool_choice_none_renders_no_tools_and_parses_no_calls(servers, model) -> None:
+    spec, _ = servers
+    body = {"messages": ASK, "tools": TOOLS, "tool_choice": "none", **GREEDY}
+    answer = client(spec).chat.completions.create(model=NAME, **body)
+    assert answer.choices[0].message.tool_calls is None
+    assert answer.choices[0].finish_reason in ("stop", "length")
+    assert answer.usage.prompt_tokens == len(model.tokenizer.apply_chat_template(ASK))

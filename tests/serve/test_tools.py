@@ -1,0 +1,136 @@
+"""Tool calls out of generated text (serve/tools.py): every format the parser takes, what it
+must leave as content, and the stream against the whole text under any split."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from draftless.serve.tools import ToolCallStream, parse
+
+NAMES = ("get_weather", "read_file")
+PARIS = {"city": "Paris"}
+
+
+def calls_of(text: str) -> list[tuple[str, dict]]:
+    return [(c.name, json.loads(c.arguments)) for c in parse(text, NAMES).calls]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+        '<tool_call>{"name":"get_weather","arguments":{"city":"Paris"}}</tool_call>',
+        # what Qwen2.5-Coder-0.5B writes instead of the tags
+        '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris"\n  }\n}\n```',
+        '```\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+        "</tool_call>\n```",
+        '{"name": "get_weather", "arguments": {"city": "Paris"}}',
+        '<function_call>{"name": "get_weather", "parameters": {"city": "Paris"}}</function_call>',
+        '<tool_call>\n{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}\n'
+        "</tool_call>",
+    ],
+)
+def test_a_call_in_each_format_is_a_call_and_no_content(text: str) -> None:
+    parsed = parse(text, NAMES)
+    assert calls_of(text) == [("get_weather", PARIS)]
+    assert parsed.content is None
+
+
+def test_text_around_calls_is_content_and_calls_keep_their_order() -> None:
+    text = (
+        "Let me look.\n<tool_call>\n"
+        '{"name": "read_file", "arguments": {"path": "a.py"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n'
+        "Done."
+    )
+    parsed = parse(text, NAMES)
+    assert parsed.content == "Let me look.Done."
+    assert calls_of(text) == [("read_file", {"path": "a.py"}), ("get_weather", {"city": "Oslo"})]
+    assert len({c.id for c in parsed.calls}) == 2
+    wire = parsed.calls[0].to_wire(0)
+    assert wire["type"] == "function" and wire["index"] == 0
+    assert wire["id"].startswith("call_")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "A plain answer with no call in it.",
+        # a call the request did not offer, an object with no name, a broken object
+        '<tool_call>\n{"name": "delete_everything", "arguments": {}}\n</tool_call>',
+        '{"title": "get_weather", "arguments": {"city": "Paris"}}',
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par\n</tool_call>',
+        # arguments that are not an object
+        '<tool_call>{"name": "get_weather", "arguments": [1, 2]}</tool_call>',
+        '<tool_call>{"name": "get_weather", "arguments": "not json"}</tool_call>',
+        # code with braces, tags and fences of its own
+        'Use ```python\nd = {"name": 3}\n``` or <tool> tags, or {"name" : 1}.',
+        # cut off by the token limit
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa',
+    ],
+)
+def test_what_is_not_a_whole_offered_call_stays_content_as_written(text: str) -> None:
+    parsed = parse(text, NAMES)
+    assert parsed.calls == ()
+    assert parsed.content == text
+
+
+def test_without_offered_names_nothing_is_a_call() -> None:
+    text = '<tool_call>{"name": "get_weather", "arguments": {}}</tool_call>'
+    assert parse(text, ()).content == text
+
+
+# -- streaming: whatever the split, the stream says what the whole text says -----------------
+_CALL_TEXTS = [
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+    '```json\n{"name": "read_file", "arguments": {"path": "x.py"}}\n```',
+    '{"name": "get_weather", "arguments": {"city": "Oslo"}}',
+]
+_NOISE = [
+    "Sure. ",
+    "\n",
+    "  ",
+    "<",
+    "<tool",
+    "{",
+    '{"name"',
+    "`",
+    "```",
+    "```json\n",
+    "}",
+    '{"name": "nope", "arguments": {}}',
+    '<tool_call>{"name": "get_weather", "arguments": {"city": "Par',
+    "déjà vu 🙂",
+    "\x1f",  # whitespace to str.strip(), not to JSON or the parser
+    "x = {1: 2}",
+]
+_TEXT = st.lists(st.sampled_from(_CALL_TEXTS + _NOISE) | st.text(max_size=6), max_size=8).map(
+    "".join
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(text=_TEXT, cuts=st.lists(st.integers(0, 400), max_size=12))
+def test_a_stream_sends_the_whole_texts_content_and_calls(text: str, cuts: list[int]) -> None:
+    whole = parse(text, NAMES)
+    bounds = sorted({c for c in cuts if c < len(text)} | {0, len(text)})
+    stream = ToolCallStream(NAMES)
+    sent = "".join(stream.feed(text[a:b]) for a, b in itertools.pairwise(bounds))
+    rest, calls = stream.finish()
+    assert sent + rest == (whole.content or "")
+    assert [(c.name, c.arguments) for c in calls] == [(c.name, c.arguments) for c in whole.calls]
+    if not whole.calls:
+        assert sent + rest == text  # no call: every character, as written
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(alphabet=st.characters(blacklist_characters="`<{"), max_size=80))
+def test_text_that_cannot_open_a_call_is_sent_at_once(text: str) -> None:
+    """Held back is only trailing whitespace: prose streams as it comes."""
+    stream = ToolCallStream(NAMES)
+    assert stream.feed(text) == text.rstrip(" \t\r\n")
