@@ -10,6 +10,13 @@ server's session must equal its plain partner's, request by request.
         --server 'ngram=llama-server -m M.gguf --port {port} -t 1 --spec-type ngram-mod' \\
         --plain-of ngram=plain
     PYTHONPATH=src python benchmarks/agentic.py --url mine=http://127.0.0.1:8000
+    PYTHONPATH=src python benchmarks/agentic.py --tools     # the agent edits through tools
+
+--tools: the request offers read_file and write_file, and its conversation already holds the
+agent's read_file call and the file as that call's result (a tool message); the file in the
+reply's write_file call becomes the next request's file. The model writes the file inside a
+JSON string (newlines as \\n), which the prompt holds only as plain text. llama-server needs
+`--jinja` to take tools.
 
 --server NAME=COMMAND starts COMMAND ({port} is filled in) and stops it at the end;
 --url NAME=URL drives a server that is already running; --plain-of NAME=PLAIN says which run
@@ -86,6 +93,69 @@ SYSTEM = "You are a careful code editor. Reply with the complete updated file on
 BLOCK = re.compile(r"```(?:python)?\n(.*?)```", re.DOTALL)
 
 
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": about,
+            "parameters": {
+                "type": "object",
+                "properties": {k: {"type": "string"} for k in keys},
+                "required": list(keys),
+            },
+        },
+    }
+    for name, about, keys in (
+        ("read_file", "Read a file", ("path",)),
+        ("write_file", "Write the whole new content of a file", ("path", "content")),
+    )
+]
+AGENT = "You are a coding agent. Use the tools to edit files."
+
+
+def tool_request(code: str, change: str, max_tokens: int) -> dict[str, Any]:
+    """An agent's request after it read the file: the call, its result, the tools."""
+    read = {"name": "read_file", "arguments": json.dumps({"path": "shapes.py"})}
+    return {
+        "messages": [
+            {"role": "system", "content": AGENT},
+            {"role": "user", "content": f"In shapes.py: {change}"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": "call_read", "type": "function", "function": read}],
+            },
+            {"role": "tool", "tool_call_id": "call_read", "content": code},
+        ],
+        "tools": TOOLS,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    }
+
+
+def written(message: dict[str, Any]) -> str | None:
+    """The content of the reply's write_file call, if it made one."""
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") or {}
+        if function.get("name") == "write_file":
+            try:
+                content = json.loads(function.get("arguments") or "").get("content")
+            except (ValueError, AttributeError):
+                continue
+            if isinstance(content, str):
+                return content
+    return None
+
+
+def reply_text(message: dict[str, Any]) -> str:
+    """What a reply said, ids aside: its content and its calls (to compare with plain's)."""
+    calls = [
+        [c["function"]["name"], c["function"]["arguments"]] for c in message.get("tool_calls") or ()
+    ]
+    return json.dumps([message.get("content"), calls]) if calls else message.get("content") or ""
+
+
 def edit_request(code: str, change: str, max_tokens: int) -> dict[str, Any]:
     user = (
         f"Here is a Python file:\n```python\n{code}```\n\nMake this change: {change}\n"
@@ -106,15 +176,20 @@ def next_file(reply: str, previous: str) -> str:
     return code if code.strip() else previous
 
 
-def one_edit(http: httpx.Client, url: str, i: int, code: str, max_tokens: int) -> dict[str, Any]:
-    """Request i of a session on the current file `code`; its row (the reply in "text")."""
-    body = edit_request(code, EDITS[i % len(EDITS)], max_tokens)
+def one_edit(
+    http: httpx.Client, url: str, i: int, code: str, max_tokens: int, tools: bool = False
+) -> dict[str, Any]:
+    """Request i of a session on the current file `code`; its row (the reply in "text", and
+    with tools the file it wrote in "file")."""
+    ask = tool_request if tools else edit_request
+    body = ask(code, EDITS[i % len(EDITS)], max_tokens)
     t0 = time.perf_counter()
     r = http.post(url + "/v1/chat/completions", json=body)
     wall = time.perf_counter() - t0
     r.raise_for_status()
     data = r.json()
-    text = data["choices"][0]["message"]["content"]
+    message = data["choices"][0]["message"]
+    text = reply_text(message)
     use = data.get("usage") or {}
     d, t = data.get("draftless"), data.get("timings")
     if d is not None:
@@ -135,10 +210,13 @@ def one_edit(http: httpx.Client, url: str, i: int, code: str, max_tokens: int) -
         "drafted": drafted,
         "accepted": accepted,
         "text": text,
+        "file": written(message) if tools else None,
     }
 
 
-def sessions(urls: dict[str, str], n: int, max_tokens: int) -> dict[str, list[dict[str, Any]]]:
+def sessions(
+    urls: dict[str, str], n: int, max_tokens: int, tools: bool = False
+) -> dict[str, list[dict[str, Any]]]:
     """Every server's session, in lockstep: request i goes to each server in turn before
     request i + 1, so a shared machine's changing load falls on all of them alike."""
     rows: dict[str, list[dict[str, Any]]] = {name: [] for name in urls}
@@ -146,9 +224,12 @@ def sessions(urls: dict[str, str], n: int, max_tokens: int) -> dict[str, list[di
     with httpx.Client(timeout=900) as http:
         for i in range(n):
             for name, url in urls.items():
-                row = one_edit(http, url, i, code[name], max_tokens)
+                row = one_edit(http, url, i, code[name], max_tokens, tools)
                 rows[name].append(row)
-                code[name] = next_file(row["text"], code[name])
+                if tools:
+                    code[name] = row["file"] or code[name]
+                else:
+                    code[name] = next_file(row["text"], code[name])
     return rows
 
 
@@ -172,6 +253,7 @@ def main() -> int:
     ap.add_argument("--model", default="smollm2", help="for the default draftless servers")
     ap.add_argument("--threads", type=int, default=1, help="for the default draftless servers")
     ap.add_argument("--json", type=Path, help="write every row here")
+    ap.add_argument("--tools", action="store_true", help="edit through read/write_file tools")
     args = ap.parse_args()
     servers, urls, plain_of = (
         pairs(args.server, "--server"),
@@ -189,11 +271,12 @@ def main() -> int:
     with ExitStack() as stack:  # every server up at once; they take turns, never overlap
         for name, command in servers.items():
             urls[name] = stack.enter_context(running(command, log=logs / f"{name}.log"))
-        runs = sessions(urls, args.requests, args.max_tokens)
+        runs = sessions(urls, args.requests, args.max_tokens, args.tools)
 
     print(
         f"agentic: {args.requests} successive edits of one {len(FILE.splitlines())}-line file, "
         f"greedy, max_tokens {args.max_tokens}"
+        + (", through read_file/write_file tool calls" if args.tools else "")
     )
     header = f"{'server':<18}{'wall s':>8}{'tok/s mean':>12}{'drafted':>9}{'accepted':>10}"
     print(header + f"{'acc %':>7}{'= plain':>10}")
@@ -225,6 +308,10 @@ def main() -> int:
         print(f"  {name:<18}{cells}")
     comp = " ".join(str(r["completion_tokens"]) for r in next(iter(runs.values())))
     print(f"  completion tokens  {comp}")
+    if args.tools:
+        for name, rows in runs.items():
+            wrote = sum(r["file"] is not None for r in rows)
+            print(f"  {name}: a write_file call in {wrote}/{len(rows)} replies")
     if args.json:
         args.json.write_text(json.dumps(runs, indent=1))
     print(f"logs: {logs}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx
 import pytest
 
 pytest.importorskip("llama_cpp")
@@ -149,3 +150,52 @@ def test_tool_choice_none_renders_no_tools_and_parses_no_calls(servers, model) -
     assert answer.choices[0].message.tool_calls is None
     assert answer.choices[0].finish_reason in ("stop", "length")
     assert answer.usage.prompt_tokens == len(model.tokenizer.apply_chat_template(ASK))
+
+
+NOTE = (
+    "Shopping list for Saturday:\n"
+    '- 2 kg of "Roma" tomatoes\n- fresh basil\n- olive oil\n\n'
+    "Call the plumber about the kitchen sink before noon.\n"
+    'Pay the "Green Valley" electricity bill.\n'
+)
+WRITE = [
+    {
+        "type": "function",
+        "function": {
+            "name": "write_file",
+            "description": "Write the whole content of a file",
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+                "required": ["path", "content"],
+            },
+        },
+    }
+]
+
+
+def test_a_call_that_copies_a_message_drafts_from_its_json_escaped_text(servers) -> None:
+    """The note is in the prompt with real newlines and quotes; the call writes it inside a
+    JSON string (`\\n`, `\\"`), tokens the prompt does not hold. The request's escaped view
+    of its messages (`json[0]`) drafts them."""
+    spec, plain = servers
+    ask = [{"role": "user", "content": "Save this note to notes.txt exactly as it is:\n\n" + NOTE}]
+    body = {"messages": ask, "tools": WRITE, "temperature": 0, "max_tokens": 200}
+    answers = [
+        httpx.post(s.url + "/v1/chat/completions", json=body, timeout=300) for s in (spec, plain)
+    ]
+    mine, theirs = (a.json() for a in answers)
+    call = mine["choices"][0]["message"]["tool_calls"][0]["function"]
+    assert call["name"] == "write_file"
+    assert json.loads(call["arguments"])["content"].strip() == NOTE.strip()
+    accepted = {s["name"]: s["accepted"] for s in mine["draftless"]["sources"]}
+    assert accepted.get("json[0]", 0) >= 20, mine["draftless"]["sources"]
+    strip = [
+        (a["choices"][0]["message"]["content"], a["choices"][0]["message"]["tool_calls"])
+        for a in (mine, theirs)
+    ]
+    for _, calls_ in strip:
+        for c in calls_:
+            c.pop("id")
+    assert strip[0] == strip[1]
+    assert mine["usage"] == theirs["usage"]

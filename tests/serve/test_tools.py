@@ -134,3 +134,21 @@ def test_text_that_cannot_open_a_call_is_sent_at_once(text: str) -> None:
     """Held back is only trailing whitespace: prose streams as it comes."""
     stream = ToolCallStream(NAMES)
     assert stream.feed(text) == text.rstrip(" \t\r\n")
+
+
+def test_the_escaped_view_holds_the_long_texts_that_escaping_changes() -> None:
+    from draftless.serve.protocol import MIN_ESCAPED, ChatRequest
+
+    long_plain = "a" * MIN_ESCAPED  # escaping changes nothing: the prompt already holds it
+    note = 'line one\nsays "hi"\n' * 4
+    request = ChatRequest.model_validate(
+        {
+            "messages": [
+                {"role": "user", "content": "short\n"},
+                {"role": "user", "content": long_plain},
+                {"role": "user", "content": note},
+                {"role": "assistant", "content": note},  # the same text once
+            ]
+        }
+    )
+    assert request.escaped_contents() == [json.dumps(note)[1:-1]]

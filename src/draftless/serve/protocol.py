@@ -37,6 +37,7 @@ MAX_SEED = 2**63 - 1
 MAX_CHOICES = 16  # `n` at most: choices are generated one after another
 MAX_BIASED = 1024  # logit_bias entries per request
 MAX_TOOLS = 128  # tools per request (OpenAI's limit)
+MIN_ESCAPED = 64  # characters: shorter message texts get no JSON-escaped reference
 
 
 def _encodable(text: str) -> str:
@@ -400,6 +401,18 @@ class ChatRequest(_Params):
     @property
     def tool_names(self) -> list[str]:
         return [t.function.name for t in self.tools or ()]
+
+    def escaped_contents(self) -> list[str]:
+        """The messages' texts as they read inside a JSON string, where a tool call copies
+        them (a file read by one tool and written back by another): newlines as `\\n`,
+        quotes as `\\"`. Only the long ones that escaping changes: the others the index
+        already holds as the prompt. Longest first, at most MAX_REQUEST_REFERENCES."""
+        escaped = set()
+        for text in {m.text() for m in self.messages if len(m.text()) >= MIN_ESCAPED}:
+            inside = json.dumps(text, ensure_ascii=False)[1:-1]
+            if inside != text:
+                escaped.add(inside)
+        return sorted(escaped, key=lambda e: (-len(e), e))[:MAX_REQUEST_REFERENCES]
 
     @field_validator("logprobs")
     @classmethod
