@@ -31,6 +31,10 @@ def calls_of(text: str) -> list[tuple[str, dict]]:
         "</tool_call>\n```",
         '{"name": "get_weather", "arguments": {"city": "Paris"}}',
         '<function_call>{"name": "get_weather", "parameters": {"city": "Paris"}}</function_call>',
+        # the turn ended before the last braces (Qwen2.5-Coder-1.5B does this)
+        '{"name": "get_weather", "arguments": {"city": "Paris"}',
+        '{"name": "get_weather", "arguments": {"city": "Paris"\n',
+        '```json\n{"name": "get_weather", "arguments": {"city": "Paris"}\n```',
         '<tool_call>\n{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}\n'
         "</tool_call>",
     ],
@@ -70,8 +74,10 @@ def test_text_around_calls_is_content_and_calls_keep_their_order() -> None:
         '<tool_call>{"name": "get_weather", "arguments": "not json"}</tool_call>',
         # code with braces, tags and fences of its own
         'Use ```python\nd = {"name": 3}\n``` or <tool> tags, or {"name" : 1}.',
-        # cut off by the token limit
+        # cut off by the token limit, inside a string or not at the end
         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa',
+        '{"name": "get_weather", "arguments": {"city": "Paris"} and then',
+        '{"name": "get_weather", "arguments": {"city": {"in": "Paris"',  # three braces short
     ],
 )
 def test_what_is_not_a_whole_offered_call_stays_content_as_written(text: str) -> None:

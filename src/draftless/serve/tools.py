@@ -16,7 +16,9 @@ text outside calls is the message's content (less the whitespace around the call
 
 Nothing is dropped: an opening whose JSON does not parse, or that names no tool of the
 request, stays in the content as it was written (the client sees what the model wrote, as
-it would without tools), and so does a call cut off by the token limit.
+it would without tools), and so does a call cut off by the token limit inside a string. One
+repair: an object at the very end of the text that lacks only its last closing braces (small
+models end their turn so) is closed.
 
 Streaming: `ToolCallStream` passes content through as it comes and holds back only from the
 first place where a call could begin to the end, parsing that at the end of the run; the
@@ -128,6 +130,25 @@ def _opening(s: str, at: int = 0) -> tuple[bool | None, int, str | None, bool]:
     return (None if prefix_of('"name"', i) else False), obj, tag, fenced
 
 
+def _closed_at_end(text: str, obj_at: int, tag: str | None, fenced: bool) -> tuple[Any, int] | None:
+    """The object at `obj_at` if the text ends where only its last one or two closing braces
+    are missing (Qwen2.5-Coder-1.5B often stops a call so: `..."content": "..."}` and the end of
+    its turn), and the end of the text. A string cut off by the token limit is not closed
+    here: that call stays content."""
+    tail = text[obj_at:].rstrip(_WS)
+    for closing in ("```" if fenced else "", f"</{tag}>" if tag else ""):
+        if closing and tail.endswith(closing):
+            tail = tail[: -len(closing)].rstrip(_WS)
+    for missing in ("}", "}}"):
+        try:
+            obj, end = _DECODER.raw_decode(tail + missing)
+        except ValueError:
+            continue
+        if end == len(tail) + len(missing):
+            return obj, len(text)
+    return None
+
+
 def _call_at(text: str, start: int, names: frozenset[str]) -> tuple[ToolCall, int] | None:
     """The call that opens at `start` and where it ends, or None if none opens there."""
     opens, obj_at, tag, fenced = _opening(text, start)
@@ -136,7 +157,10 @@ def _call_at(text: str, start: int, names: frozenset[str]) -> tuple[ToolCall, in
     try:
         obj, end = _DECODER.raw_decode(text, obj_at)
     except ValueError:
-        return None
+        healed = _closed_at_end(text, obj_at, tag, fenced)
+        if healed is None:
+            return None
+        obj, end = healed
     if not isinstance(obj, dict) or obj.get("name") not in names:
         return None
     arguments = _arguments(obj)
