@@ -14,7 +14,8 @@ server's session must equal its plain partner's, request by request.
 
 --tools: the request offers read_file and write_file, and its conversation already holds the
 agent's read_file call and the file as that call's result (a tool message); the file in the
-reply's write_file call becomes the next request's file. The model writes the file inside a
+reply's write_file call becomes the next request's file (see `written`: a call the server
+returned as text counts too, so every server goes on to the same next request). The model writes the file inside a
 JSON string (newlines as \\n), which the prompt holds only as plain text. llama-server needs
 `--jinja` to take tools.
 
@@ -44,6 +45,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_common import draftless_command, running
+
+from draftless.serve.tools import parse as parse_calls
 
 FILE = """import math
 import os
@@ -134,17 +137,27 @@ def tool_request(code: str, change: str, max_tokens: int) -> dict[str, Any]:
     }
 
 
+WRAPPER = re.compile(r"^(?:\s*</?tool_response>)+|(?:</?tool_response>\s*)+$")
+
+
 def written(message: dict[str, Any]) -> str | None:
-    """The content of the reply's write_file call, if it made one."""
-    for call in message.get("tool_calls") or ():
-        function = call.get("function") or {}
+    """The file in the reply's write_file call, if it made one: the server's `tool_calls`,
+    else the call in its text as draftless's parser reads it (so that a server that returns
+    the call as text, as llama-server did on the 1.5B's calls, still goes on to the same next
+    request). The 1.5B wraps the file in the template's <tool_response> tags; they are
+    dropped, so the session stays one of edits to a Python file."""
+    calls = [c.get("function") or {} for c in message.get("tool_calls") or ()]
+    if not calls:
+        found = parse_calls(message.get("content") or "", [t["function"]["name"] for t in TOOLS])
+        calls = [{"name": c.name, "arguments": c.arguments} for c in found.calls]
+    for function in calls:
         if function.get("name") == "write_file":
             try:
                 content = json.loads(function.get("arguments") or "").get("content")
             except (ValueError, AttributeError):
                 continue
             if isinstance(content, str):
-                return content
+                return WRAPPER.sub("", content).strip("\n") + "\n"
     return None
 
 
@@ -211,6 +224,7 @@ def one_edit(
         "accepted": accepted,
         "text": text,
         "file": written(message) if tools else None,
+        "server_calls": len(message.get("tool_calls") or ()),
     }
 
 
@@ -311,7 +325,11 @@ def main() -> int:
     if args.tools:
         for name, rows in runs.items():
             wrote = sum(r["file"] is not None for r in rows)
-            print(f"  {name}: a write_file call in {wrote}/{len(rows)} replies")
+            parsed = sum(r["server_calls"] > 0 for r in rows)
+            print(
+                f"  {name}: a write_file call in {wrote}/{len(rows)} replies; the server "
+                f"returned tool_calls in {parsed}"
+            )
     if args.json:
         args.json.write_text(json.dumps(runs, indent=1))
     print(f"logs: {logs}")
