@@ -468,7 +468,9 @@ class LlamaCppTokenizer:
             text = self._template.render(
                 messages=[_mark_control_text(dict(m), control) for m in messages],
                 add_generation_prompt=add_generation_prompt,
-                tools=None if tools is None else [dict(t) for t in tools],
+                tools=None
+                if tools is None
+                else [_mark_control_text(dict(t), control) for t in tools],
                 bos_token=self._special_text(bos),
                 eos_token=self._special_text(eos),
             )
