@@ -223,3 +223,34 @@ def test_a_call_that_copies_a_message_drafts_from_its_json_escaped_text(servers)
             c.pop("id")
     assert strip[0] == strip[1]
     assert mine["usage"] == theirs["usage"]
+
+
+def test_an_answer_that_quotes_a_json_result_drafts_from_its_strings(servers) -> None:
+    """The other way round: a tool returned the note inside JSON (newlines as `\\n`), and the
+    answer quotes it as text. The strings of the JSON result, as text, draft it."""
+    spec, plain = servers
+    read = {"name": "read_file", "arguments": json.dumps({"path": "notes.txt"})}
+    talk = [
+        {"role": "user", "content": "Read notes.txt."},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "call_r", "type": "function", "function": read}],
+        },
+        {
+            "role": "tool",
+            "tool_call_id": "call_r",
+            "content": json.dumps({"path": "notes.txt", "content": NOTE}),
+        },
+        {"role": "user", "content": "Print the note above as plain text (not JSON), line by line."},
+    ]
+    body = {"messages": talk, "temperature": 0, "max_tokens": 120}
+    mine, theirs = (
+        httpx.post(s.url + "/v1/chat/completions", json=body, timeout=300).json()
+        for s in (spec, plain)
+    )
+    assert "Call the plumber about the kitchen sink" in mine["choices"][0]["message"]["content"]
+    views = {s["name"]: s["accepted"] for s in mine["draftless"]["sources"]}
+    assert max(n for name, n in views.items() if name.startswith("json[")) >= 20, views
+    assert mine["choices"] == theirs["choices"]
+    assert mine["usage"] == theirs["usage"]

@@ -158,3 +158,19 @@ def test_the_escaped_view_holds_the_long_texts_that_escaping_changes() -> None:
         }
     )
     assert request.escaped_contents() == [json.dumps(note)[1:-1]]
+
+
+def test_the_strings_inside_a_json_message_are_held_as_text() -> None:
+    from draftless.serve.protocol import MIN_ESCAPED, ChatRequest
+
+    note = 'line one\nsays "hi"\n' * 4
+    result = json.dumps({"path": "n.txt", "content": note, "lines": [note.upper(), 3]})
+    plain_long = "b" * MIN_ESCAPED  # its JSON text holds it as it is: nothing to add
+    messages = [
+        {"role": "user", "content": "[" + "1, " * 40 + "2]"},  # JSON without strings
+        {"role": "tool", "tool_call_id": "c", "content": result},
+        {"role": "tool", "tool_call_id": "d", "content": json.dumps([plain_long])},
+        {"role": "user", "content": "{not json" + "x" * MIN_ESCAPED},
+    ]
+    request = ChatRequest.model_validate({"messages": messages})
+    assert request.json_strings() == [note.upper(), note]  # longest first, then in order

@@ -195,10 +195,11 @@ class Engine:
     def _serve(self, job: Job) -> Finished:
         p, model, dec = job.params, self.model, self.decoder
         tok = model.tokenizer
-        tools, tool_names, escaped = None, [], []
+        tools, tool_names, views = None, [], []
         if isinstance(p, ChatRequest):
             tools, tool_names = p.offered_tools, p.tool_names
-            escaped = p.escaped_contents() if tools is not None else []
+            if tools is not None or any(m.role == "tool" for m in p.messages):
+                views = p.escaped_contents() + p.json_strings()
             ids, what = tok.apply_chat_template(p.chat(), tools=tools), "messages"
             if tools is not None and ids == tok.apply_chat_template(p.chat()):
                 raise RequestError(
@@ -226,7 +227,7 @@ class Engine:
                     f"{param}: {bad[0]} is not a token id of this model [0, {model.vocab_size})",
                     param,
                 )
-        source, names = self._source(p.references or [], escaped) if self.spec else (None, [])
+        source, names = self._source(p.references or [], views) if self.spec else (None, [])
         started = time.perf_counter()
 
         def unless_cancelled() -> None:  # between pieces of the prefill
@@ -319,10 +320,12 @@ class Engine:
             rest = logprobs.next(shown_tokens, whole=not job.stream)
         return Finished(text, finish, len(ids), len(tokens), stats, rest, found)
 
-    def _source(self, texts: Sequence[str], escaped: Sequence[str] = ()) -> tuple[Any, list[str]]:
+    def _source(self, texts: Sequence[str], views: Sequence[str] = ()) -> tuple[Any, list[str]]:
         """A fresh SpeculationIndex with the server's references, the cross-request history,
-        the request's references and `escaped` (its messages as JSON string text, which a
-        tool call's arguments copy); and the names of those references, in order."""
+        the request's references and `views` (in a conversation with tools, its messages as
+        the text of JSON strings, which a call's arguments copy, and the strings inside JSON
+        messages as text, which an answer quotes); and the names of those references, in
+        order."""
         docs: list[Any] = list(self.references)  # server-wide first: their gates' names
         names = [f"server[{i}]" for i in range(len(docs))]  # stay the same across requests
         past = self.history.reference()
@@ -331,8 +334,8 @@ class Engine:
             names.append("history")
         docs += [self.model.tokenizer.encode(text) for text in texts]
         names += [f"request[{i}]" for i in range(len(texts))]
-        docs += [self.model.tokenizer.encode(text) for text in escaped]
-        names += [f"json[{i}]" for i in range(len(escaped))]
+        docs += [self.model.tokenizer.encode(text) for text in views]
+        names += [f"json[{i}]" for i in range(len(views))]
         index = SpeculationIndex(
             self.model.vocab_size, max_references=max(8, len(docs)), edits=self.edits
         )

@@ -263,6 +263,21 @@ class _Params(BaseModel):
         )
 
 
+def _strings_in(value: Any) -> list[str]:
+    """Every string value in a decoded JSON document (keys aside), depth first."""
+    out: list[str] = []
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            out.append(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return out
+
+
 class TextPart(BaseModel):
     type: str
     text: str
@@ -413,6 +428,23 @@ class ChatRequest(_Params):
             if inside != text:
                 escaped.add(inside)
         return sorted(escaped, key=lambda e: (-len(e), e))[:MAX_REQUEST_REFERENCES]
+
+    def json_strings(self) -> list[str]:
+        """The other way round: the long strings inside a message that is JSON (a tool's
+        result: an API's answer, a file read as {"path": ..., "content": ...}) as plain text,
+        which an answer quoting them writes and the prompt holds only escaped. Longest first,
+        at most MAX_REQUEST_REFERENCES."""
+        found: set[str] = set()
+        for message in self.messages:
+            text = message.text()
+            if len(text) < MIN_ESCAPED or text.lstrip()[:1] not in ("{", "["):
+                continue
+            try:
+                value = json.loads(text)
+            except ValueError:
+                continue
+            found.update(s for s in _strings_in(value) if len(s) >= MIN_ESCAPED and s not in text)
+        return sorted(found, key=lambda e: (-len(e), e))[:MAX_REQUEST_REFERENCES]
 
     @field_validator("logprobs")
     @classmethod
