@@ -16,7 +16,9 @@ from draftless.serve.engine import Engine
 class ServerThread:
     """Serves `engine` on 127.0.0.1:<free port> until stop()."""
 
-    def __init__(self, engine: Engine, api_key: str | None = None) -> None:
+    def __init__(
+        self, engine: Engine, api_key: str | None = None, cors: tuple[str, ...] = ()
+    ) -> None:
         self.engine = engine
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -24,7 +26,9 @@ class ServerThread:
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(
-            create_app(engine, api_key=api_key), log_level="warning", timeout_graceful_shutdown=5
+            create_app(engine, api_key=api_key, cors_origins=cors),
+            log_level="warning",
+            timeout_graceful_shutdown=5,
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(
@@ -46,5 +50,7 @@ class ServerThread:
         self.sock.close()
 
 
-def serve_model(model: Any, api_key: str | None = None, **engine_options: Any) -> ServerThread:
-    return ServerThread(Engine(model, **engine_options), api_key=api_key).start()
+def serve_model(
+    model: Any, api_key: str | None = None, cors: tuple[str, ...] = (), **engine_options: Any
+) -> ServerThread:
+    return ServerThread(Engine(model, **engine_options), api_key=api_key, cors=cors).start()

@@ -784,6 +784,40 @@ def test_an_api_key_guards_the_api_and_nothing_else() -> None:
         server.stop()
 
 
+def test_cors_lets_the_named_origins_call_from_a_browser_and_no_other() -> None:
+    page, other = "http://localhost:3000", "http://evil.example"
+    preflight = {
+        "access-control-request-method": "POST",
+        "access-control-request-headers": "authorization,content-type",
+    }
+    body = {"prompt": "Hi", "max_tokens": 2}
+    server = serve_model(_model(), api_key="k", cors=(page,))
+    try:
+        url = server.url + "/v1/completions"
+        r = httpx.options(url, headers={"origin": page, **preflight})  # before the key check
+        assert r.status_code == 200
+        assert r.headers["access-control-allow-origin"] == page
+        assert "POST" in r.headers["access-control-allow-methods"]
+        assert httpx.options(url, headers={"origin": other, **preflight}).status_code == 400
+        r = httpx.post(url, json=body, headers={"origin": page, "authorization": "Bearer k"})
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == page
+        r = httpx.post(url, json=body, headers={"origin": page})  # the page can read its 401
+        assert assert_error(r, 401)["code"] == "invalid_api_key"
+        assert r.headers["access-control-allow-origin"] == page
+        r = httpx.post(url, json=body, headers={"origin": other, "authorization": "Bearer k"})
+        assert "access-control-allow-origin" not in r.headers
+    finally:
+        server.stop()
+    server = serve_model(_model())  # without --cors: no browser page may read an answer
+    try:
+        r = httpx.post(server.url + "/v1/completions", json=body, headers={"origin": page})
+        assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+        url = server.url + "/v1/completions"
+        assert httpx.options(url, headers={"origin": page, **preflight}).status_code == 405
+    finally:
+        server.stop()
+
+
 def test_the_command_serves_spec_refs_and_ends_cleanly_on_sigterm(tmp_path) -> None:
     import socket
 
@@ -858,3 +892,5 @@ def test_cli_refuses_bad_options_in_one_line(capsys) -> None:
     assert main(["serve", "--api-key", " "]) == 2
     assert "the API key is empty (--api-key)" in capsys.readouterr().err
     assert main(["serve", "--index-budget", "-1"]) == 2
+    assert main(["serve", "--cors", "localhost:3000/app"]) == 2
+    assert "--cors takes an origin like" in capsys.readouterr().err

@@ -2,7 +2,7 @@
 
     draftless serve [--model NAME] [--host 127.0.0.1] [--port 8000] [--no-spec]
                     [--spec-ref FILE]... [--index-budget BYTES] [--threads N] [--n-ctx N]
-                    [--api-key KEY]
+                    [--api-key KEY] [--cors ORIGIN]...
 
 The web stack (FastAPI, uvicorn, sse-starlette, prometheus_client) is imported only when the
 server starts (`pip install 'draftless[serve]'`).
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 from typing import Any
 
@@ -60,6 +61,14 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
         help=f"require 'Authorization: Bearer KEY' on /v1/ requests (default: ${API_KEY_ENV} "
         "if set, else none; the variable keeps the key out of the process list)",
     )
+    p.add_argument(
+        "--cors",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="let web pages from ORIGIN (e.g. http://localhost:3000; '*' for any) call the API "
+        "from the browser (repeatable; default: none)",
+    )
     p.add_argument("--log-level", default="warning", help="uvicorn's log level (warning)")
 
 
@@ -91,6 +100,12 @@ def build_app(args: argparse.Namespace) -> Any:
         raise UsageError(
             f"the API key is empty ({'--api-key' if args.api_key is not None else API_KEY_ENV})"
         )
+    for origin in args.cors:
+        if origin != "*" and not re.fullmatch(r"https?://[^/\s]+", origin):
+            raise UsageError(
+                f"--cors takes an origin like http://localhost:3000 (scheme and host, no "
+                f"path) or '*', got {origin!r}"
+            )
     documents = [read_text_file(path, "reference") for path in args.spec_ref]
     options = SpecOptions(max_draft=args.max_draft)
     model = open_model(args, quiet=True)
@@ -102,7 +117,7 @@ def build_app(args: argparse.Namespace) -> Any:
         options=options,
         edits=not args.no_edits,
     )
-    return create_app(engine, api_key=api_key)
+    return create_app(engine, api_key=api_key, cors_origins=args.cors)
 
 
 class _Stopped(Exception):

@@ -20,6 +20,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sse_starlette import EventSourceResponse
@@ -88,9 +89,14 @@ def _bearer_matches(header: str | None, key: bytes) -> bool:
     return secrets.compare_digest(token.strip().encode(), key)
 
 
-def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
+def create_app(
+    engine: Engine, api_key: str | None = None, cors_origins: Sequence[str] = ()
+) -> FastAPI:
     """The app serving `engine`; with `api_key`, every /v1/ request must carry it as
-    `Authorization: Bearer <api_key>` (what the openai client sends as its api_key)."""
+    `Authorization: Bearer <api_key>` (what the openai client sends as its api_key). With
+    `cors_origins` ("*" for any), a web page served from one of them may call the API from
+    the browser (CORS): its preflight is answered before the key is checked, and every answer,
+    a 401 too, carries the headers that let the page read it."""
     model_name = engine.model.name
     metrics = engine.metrics
 
@@ -118,6 +124,15 @@ def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
                 body = wire.error_body(message, code="invalid_api_key")
                 return JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
             return await call_next(request)
+
+    if cors_origins:  # added last, so outermost: it sees a preflight before the key check
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(cors_origins),
+            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["*"],
+            max_age=600,
+        )
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
