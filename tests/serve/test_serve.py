@@ -292,6 +292,19 @@ def test_logit_bias_steers_the_answer_and_equals_no_spec(spec, plain) -> None:
     assert steered["choices"][0]["logprobs"]["tokens"][0] != first
 
 
+def test_a_prompt_sent_as_token_ids_is_the_same_prompt(spec, plain) -> None:
+    """OpenAI's completions take a prompt as an array of token ids, alone or in a list of
+    one; it is the prompt as given, no BOS added."""
+    text = "The capital of France is"
+    model = _model()  # held: a model closes its tokenizer when collected
+    ids = model.tokenizer.encode(text, add_special=True)
+    body = {"max_tokens": 8, "temperature": 0}
+    by_text = complete(spec, {"prompt": text, **body})
+    for prompt in (ids, [ids]):
+        for server in (spec, plain):
+            same_answer(complete(server, {"prompt": prompt, **body}), by_text)
+
+
 def test_stop_strings_and_stop_ids(spec, plain) -> None:
     prompt = "def fibonacci(n):\n"
     free = complete(plain, {"prompt": prompt, "max_tokens": 24, "temperature": 0})
@@ -410,6 +423,11 @@ BAD = [
     ("/v1/completions", {"prompt": ["a", "b"]}, "prompt"),
     ("/v1/completions", {"prompt": "word " * 1500}, "prompt"),  # > N_CTX tokens
     ("/v1/completions", [1, 2, 3], None),
+    ("/v1/completions", {"prompt": [1, -2]}, "prompt"),
+    ("/v1/completions", {"prompt": [[1, 2], [3]]}, "prompt"),
+    ("/v1/completions", {"prompt": [[]]}, "prompt"),
+    ("/v1/completions", {"prompt": [True, 5]}, "prompt"),
+    ("/v1/completions", {"prompt": [1, 49152]}, "prompt"),  # SmolLM2 has 49,152 ids
     # JSON can carry a lone surrogate, which no tokenizer takes (it was a 500)
     (
         "/v1/chat/completions",

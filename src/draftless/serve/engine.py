@@ -208,7 +208,13 @@ class Engine:
                     "tools",
                 )
         else:
-            ids, what = tok.encode(p.text(), add_special=True), "prompt"
+            what, sent = "prompt", p.token_ids()
+            ids = tok.encode(p.text(), add_special=True) if sent is None else sent
+            if sent is not None and max(sent) >= model.vocab_size:
+                raise RequestError(
+                    f"prompt: {max(sent)} is not a token id of this model [0, {model.vocab_size})",
+                    what,
+                )
         if not ids:
             raise RequestError("the prompt is empty", what)
         if self.n_ctx is not None and len(ids) >= self.n_ctx:

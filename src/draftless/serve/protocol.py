@@ -19,6 +19,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictInt,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -471,7 +472,8 @@ class ChatRequest(_Params):
 
 
 class CompletionRequest(_Params):
-    prompt: str | list[str]
+    # one prompt: text, or token ids (OpenAI's array of tokens), alone or in a list of one
+    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
     tools: list[Any] | None = None  # refused: tools are for chat completions
     tool_choice: str | dict[str, Any] | None = None
 
@@ -498,16 +500,34 @@ class CompletionRequest(_Params):
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, prompt: str | list[str]) -> str | list[str]:
+    def _one_prompt(cls, prompt: Any) -> Any:
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+            if any(t < 0 for t in prompt):
+                raise ValueError("token ids are >= 0")
+            return prompt
         if isinstance(prompt, list) and len(prompt) != 1:
-            raise ValueError(f"prompt must be one string, got a list of {len(prompt)}")
-        text = _encodable(prompt if isinstance(prompt, str) else prompt[0])
-        if not text.strip():
+            raise ValueError(f"prompt must be one prompt, got a list of {len(prompt)}")
+        one = prompt if isinstance(prompt, str) else prompt[0]
+        if isinstance(one, list):
+            if not one:
+                raise ValueError("the prompt is empty")
+            return cls._one_prompt(one)
+        if not _encodable(one).strip():
             raise ValueError("the prompt is empty")
         return prompt
 
+    def token_ids(self) -> list[int] | None:
+        """The prompt's token ids when it was sent as ids (None: it is text)."""
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
+            prompt = prompt[0]
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+            return [int(t) for t in prompt]
+        return None
+
     def text(self) -> str:
-        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+        prompt = self.prompt
+        return prompt if isinstance(prompt, str) else str(prompt[0])
 
 
 # -- responses --------------------------------------------------------------------------
