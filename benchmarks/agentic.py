@@ -15,9 +15,9 @@ server's session must equal its plain partner's, request by request.
 --tools: the request offers read_file and write_file, and its conversation already holds the
 agent's read_file call and the file as that call's result (a tool message); the file in the
 reply's write_file call becomes the next request's file (see `written`: a call the server
-returned as text counts too, so every server goes on to the same next request). The model writes the file inside a
-JSON string (newlines as \\n), which the prompt holds only as plain text. llama-server needs
-`--jinja` to take tools.
+returned as text counts too, so every server goes on to the same next request). The model
+writes the file inside a JSON string (newlines as \\n), which the prompt holds only as plain
+text. llama-server needs `--jinja` to take tools.
 
 --server NAME=COMMAND starts COMMAND ({port} is filled in) and stops it at the end;
 --url NAME=URL drives a server that is already running; --plain-of NAME=PLAIN says which run
