@@ -225,13 +225,21 @@ def test_a_call_that_copies_a_message_drafts_from_its_json_escaped_text(servers)
     assert mine["usage"] == theirs["usage"]
 
 
+MEMO = (
+    'Meeting notes, 14 March:\n- The "Atlas" release moves to April 2.\n- Priya owns the '
+    "migration script.\n- Budget review is on Thursday at 10:00.\n\nAction: send the "
+    'updated "Atlas" timeline to the whole team by Friday.\n'
+)
+
+
 def test_an_answer_that_quotes_a_json_result_drafts_from_its_strings(servers) -> None:
-    """The other way round: a tool returned the note inside JSON (newlines as `\\n`), and the
-    answer quotes it as text. The strings of the JSON result, as text, draft it."""
+    """The other way round: a tool returned a memo inside JSON (newlines as `\\n`), and the
+    answer quotes it as text. The strings of the JSON result, as text, draft it. (A text no
+    other test sends: the servers' cross-request history would draft it too.)"""
     spec, plain = servers
-    read = {"name": "read_file", "arguments": json.dumps({"path": "notes.txt"})}
+    read = {"name": "read_file", "arguments": json.dumps({"path": "memo.txt"})}
     talk = [
-        {"role": "user", "content": "Read notes.txt."},
+        {"role": "user", "content": "Read memo.txt."},
         {
             "role": "assistant",
             "content": None,
@@ -240,16 +248,16 @@ def test_an_answer_that_quotes_a_json_result_drafts_from_its_strings(servers) ->
         {
             "role": "tool",
             "tool_call_id": "call_r",
-            "content": json.dumps({"path": "notes.txt", "content": NOTE}),
+            "content": json.dumps({"path": "memo.txt", "content": MEMO}),
         },
-        {"role": "user", "content": "Print the note above as plain text (not JSON), line by line."},
+        {"role": "user", "content": "Print the memo above as plain text (not JSON), line by line."},
     ]
     body = {"messages": talk, "temperature": 0, "max_tokens": 120}
     mine, theirs = (
         httpx.post(s.url + "/v1/chat/completions", json=body, timeout=300).json()
         for s in (spec, plain)
     )
-    assert "Call the plumber about the kitchen sink" in mine["choices"][0]["message"]["content"]
+    assert "Priya owns the migration script." in mine["choices"][0]["message"]["content"]
     views = {s["name"]: s["accepted"] for s in mine["draftless"]["sources"]}
     assert max(n for name, n in views.items() if name.startswith("json[")) >= 20, views
     assert mine["choices"] == theirs["choices"]
