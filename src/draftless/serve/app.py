@@ -273,7 +273,11 @@ def create_app(
             extra: Any = None,
             logprobs: Any = None,
         ) -> dict[str, str]:
-            body = wire.chunk(is_chat, rid, model_name, text, finish, extra, logprobs, index)
+            return choice_chunk(
+                wire.chunk(is_chat, rid, model_name, text, finish, extra, logprobs, index)
+            )
+
+        def choice_chunk(body: dict[str, Any]) -> dict[str, str]:  # any chunk of a choice
             if usage_chunk:
                 body["usage"] = None
             return data(body)
@@ -300,10 +304,8 @@ def create_app(
                         yield chunk(index, item.text, logprobs=item.logprobs)
                     elif isinstance(item, Finished):
                         if item.tool_calls:
-                            body = wire.tool_calls_chunk(rid, model_name, item.tool_calls, index)
-                            if usage_chunk:
-                                body["usage"] = None
-                            yield data(body)
+                            calls = wire.tool_calls_chunk(rid, model_name, item.tool_calls, index)
+                            yield choice_chunk(calls)
                         done.append(item)
                         last = len(done) == len(jobs)
                         use = total_usage(done)

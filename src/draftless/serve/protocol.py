@@ -264,6 +264,14 @@ class _Params(BaseModel):
         )
 
 
+def _longest(texts: set[str]) -> list[str]:
+    """The texts of at least MIN_ESCAPED characters, longest first (then in text order, so
+    the index's reference names do not depend on set order), at most
+    MAX_REQUEST_REFERENCES."""
+    long = [t for t in texts if len(t) >= MIN_ESCAPED]
+    return sorted(long, key=lambda t: (-len(t), t))[:MAX_REQUEST_REFERENCES]
+
+
 def _strings_in(value: Any) -> list[str]:
     """Every string value in a decoded JSON document (keys aside), depth first."""
     out: list[str] = []
@@ -424,11 +432,13 @@ class ChatRequest(_Params):
         quotes as `\\"`. Only the long ones that escaping changes: the others the index
         already holds as the prompt. Longest first, at most MAX_REQUEST_REFERENCES."""
         escaped = set()
-        for text in {m.text() for m in self.messages if len(m.text()) >= MIN_ESCAPED}:
+        for text in {m.text() for m in self.messages}:
+            if len(text) < MIN_ESCAPED:  # the escaped text's length alone would let more in
+                continue
             inside = json.dumps(text, ensure_ascii=False)[1:-1]
             if inside != text:
                 escaped.add(inside)
-        return sorted(escaped, key=lambda e: (-len(e), e))[:MAX_REQUEST_REFERENCES]
+        return _longest(escaped)
 
     def json_strings(self) -> list[str]:
         """The other way round: the long strings inside a message that is JSON (a tool's
@@ -444,8 +454,8 @@ class ChatRequest(_Params):
                 value = json.loads(text)
             except ValueError:
                 continue
-            found.update(s for s in _strings_in(value) if len(s) >= MIN_ESCAPED and s not in text)
-        return sorted(found, key=lambda e: (-len(e), e))[:MAX_REQUEST_REFERENCES]
+            found.update(s for s in _strings_in(value) if s not in text)
+        return _longest(found)
 
     @field_validator("logprobs")
     @classmethod
