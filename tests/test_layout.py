@@ -91,7 +91,9 @@ def test_the_core_imports_with_numpy_alone() -> None:
         "import sys\n"
         "import draftless.decoder, draftless.gate, draftless.sampling, draftless.sources\n"
         "import draftless.costs, draftless.metrics, draftless.chat, draftless.text\n"
-        "heavy = [m for m in ('torch', 'transformers', 'llama_cpp', 'fastapi', 'uvicorn')\n"
+        "import draftless.constraint\n"
+        "heavy = [m for m in ('torch', 'transformers', 'llama_cpp', 'fastapi', 'uvicorn',\n"
+        "                     'llguidance')\n"
         "         if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )

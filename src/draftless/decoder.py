@@ -19,6 +19,11 @@ lost costs 2+ plain steps) one at a time, each starting where the last settled. 
 is this loop with no source. Drafts never pass the room left in the context, and a run ends
 where the context ends (stop reason "context"), exactly where plain decoding ends.
 
+A constraint (a grammar, a JSON schema; constraint.py) masks every sampled row, plain or
+verify, with what it allows after the tokens committed before that row, and cuts a draft at
+its first token it refuses; it follows the committed tokens only, so the answer is still
+plain's under the same constraint.
+
 Who uses a model's cache: the decoder that last stepped on it. A decoder made on a model
 starts from an empty cache; every operation on the cache runs under the model's lock
 (`hold(model)`), and a decoder that finds another one's stream in the cache rebuilds its own
@@ -37,6 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from draftless._jit import HAVE_NUMBA, njit
+from draftless.constraint import Constraint
 from draftless.costs import CostTable, table_for
 from draftless.errors import UserError
 from draftless.gate import CostGate, GateOptions, LiveCosts, evidence_bucket, prior_acceptance
@@ -175,9 +181,13 @@ class SpeculativeDecoder:
         cost_table: CostTable | None = None,
         clock: Callable[[], float] | None = time.perf_counter,
         verify_row_hook: VerifyRowHook | None = None,
+        constraint: Constraint | None = None,
     ) -> None:
         if source is not None:
             check_source(source)
+        # What the generated tokens must follow (None: anything), and how many it consumed.
+        self.constraint = constraint
+        self._consumed = 0
         self.model = model
         self.sampling = sampling or SamplingOptions()
         self.source = source
@@ -248,6 +258,7 @@ class SpeculativeDecoder:
     def reset(self) -> None:
         with self._owning():
             self._shadows.clear()
+            self._unconsume(len(self.history))
             self.model.truncate(0)
             self.history.clear()
             self.carried = None
@@ -265,8 +276,17 @@ class SpeculativeDecoder:
             with self._owning():
                 self._shadows.clear()
                 self.model.truncate(n - 1)
+                self._unconsume(len(self.history) - n)
                 del self.history[n:]
                 self.carried = self.history[-1]
+
+    def _unconsume(self, dropped: int) -> None:
+        """The stream loses its last `dropped` tokens: the constraint forgets those of them
+        it consumed (generated ones; a prompt is never consumed)."""
+        n = min(dropped, self._consumed)
+        if n > 0 and self.constraint is not None:
+            self.constraint.rollback(n)
+            self._consumed -= n
 
     # -- one step ------------------------------------------------------------------------
     def step(self, max_tokens: int, stop_ids: frozenset[int] = frozenset()) -> list[int]:
@@ -297,6 +317,7 @@ class SpeculativeDecoder:
             committed = self._accept(rows, drafted, stop_ids)
         except BaseException:  # an error or Ctrl-C: the step never happened
             self.model.truncate(start)  # the cache never keeps unverified rows
+            self._unconsume(len(self.history) - committed_before)
             del self.history[committed_before:]
             if rng_state is not None:
                 self.rng.bit_generator.state = rng_state  # nor the draws it made
@@ -366,6 +387,8 @@ class SpeculativeDecoder:
             return None, gate  # no room for another shadow check: nothing to size or build
         budget = min(room, opts.max_draft, gate.budget(opts.max_draft) if opts.gate else room)
         tokens = through_first_stop(self._valid(proposal.tokens[:budget]), stop_ids)
+        if self.constraint is not None:  # a token it refuses could only be rejected
+            tokens = tokens[: self.constraint.valid_prefix(tokens)]
         if len(tokens) < opts.min_draft:
             return None, None
         draft = Draft(tokens, proposal.member, proposal.match_len)
@@ -417,10 +440,15 @@ class SpeculativeDecoder:
     def _accept(self, rows: np.ndarray, draft: list[int], stop_ids: frozenset[int]) -> list[int]:
         """Sample row by row; keep going while the sample equals the draft."""
         committed: list[int] = []
+        constraint = self.constraint
         for i in range(len(draft) + 1):
             if self.hook is not None:
                 self.hook(len(self.history), rows[i])
-            token = sample(rows[i], self.history, self.sampling, self.rng)
+            allowed = None if constraint is None else constraint.allowed()
+            token = sample(rows[i], self.history, self.sampling, self.rng, allowed)
+            if constraint is not None:  # row i+1's mask follows it
+                constraint.consume(token)
+                self._consumed += 1
             committed.append(token)
             self.history.append(token)  # penalties of row i+1 see it
             if i == len(draft) or token != draft[i] or token in stop_ids:
@@ -542,9 +570,11 @@ class SpeculativeDecoder:
         sampling: SamplingOptions | None = None,
         source: DraftSource | None = None,
         between: Callable[[], None] | None = None,
+        constraint: Constraint | None = None,
     ) -> int:
         """Begin a new generation on `prompt_ids`, keeping the cache rows of its longest common
         prefix with the stream (a server's next request, e.g. the next turn of a chat).
+        `constraint`, when given, is what the generated tokens must follow (from its start).
 
         `between()`, when given, is called between pieces of the prefill and may raise (a
         server's cancelled request: a long prompt can take minutes on a CPU). The pieces are
@@ -582,6 +612,7 @@ class SpeculativeDecoder:
             self.sampling = sampling or SamplingOptions()
             self.rng, self.seed = make_rng(self.sampling.seed)
             self.source = source
+            self.constraint, self._consumed = constraint, 0
             self.stats = DecodeStats()
             self._shadows.clear()
             self._since_reject = None
@@ -702,9 +733,11 @@ def generate(
     cost_table: CostTable | None = None,
     verify_row_hook: VerifyRowHook | None = None,
     clock: Callable[[], float] | None = time.perf_counter,
+    constraint: Constraint | None = None,
 ) -> GenerationResult:
     """One generation from a fresh cache: plain when `source` is None, else speculative.
     `clock` times forwards for the gate's live rescale; None prices them by the table alone.
+    `constraint`: what the generated tokens must follow (a grammar), from its start.
 
     Holds the model for the whole run: threads sharing a model take turns, and each gets
     what it would have got alone."""
@@ -717,6 +750,7 @@ def generate(
             cost_table=cost_table,
             clock=clock,
             verify_row_hook=verify_row_hook,
+            constraint=constraint,
         )
         dec.append(prompt_ids)
         if dec.carried is None:

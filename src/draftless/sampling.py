@@ -3,8 +3,9 @@
     sample(logits, history, options, rng) -> token id
 
 Order, as in Hugging Face's logits processors: penalties (repetition, frequency, presence,
-over the last `penalty_last_n` tokens of the history) -> temperature -> top-k -> top-p ->
-min-p -> one draw. Temperature <= 0 is argmax after penalties and draws nothing.
+over the last `penalty_last_n` tokens of the history) -> a constraint's mask, if any (the
+tokens a grammar allows next) -> temperature -> top-k -> top-p -> min-p -> one draw.
+Temperature <= 0 is argmax after penalties and draws nothing.
 
 Exactly one `rng.random()` per sampled token (inverse-CDF over the kept candidates, ordered
 by logit then token id), so (seed, prompt, options) determines the stream, and a decoder that
@@ -33,6 +34,10 @@ from draftless.errors import UserError
 
 class OptionsError(UserError, ValueError):
     """An option is out of range; the message names it."""
+
+
+class NothingAllowed(RuntimeError):
+    """A constraint left no token to sample (a grammar that cannot go on)."""
 
 
 MAX_BIAS = 100.0  # logit_bias values, as OpenAI bounds them
@@ -253,14 +258,27 @@ def sample(
     history: Sequence[int] | np.ndarray,
     options: SamplingOptions,
     rng: np.random.Generator,
+    allowed: np.ndarray | None = None,
 ) -> int:
     """One token from one logits row [vocab], conditioned on the committed `history`.
 
+    `allowed` (bool [vocab]), when given, is what a constraint (a grammar, a JSON schema)
+    lets come next: every other token's logit is -inf before temperature and the cuts, so
+    the draw is over the allowed tokens alone. Raises NothingAllowed if it allows none.
+
     Greedy (temperature <= 0) draws nothing from `rng`; sampling draws exactly once.
     """
-    if options.greedy and not options.has_penalties and not options.logit_bias:
-        return int(np.argmax(logits))
+    plain = options.greedy and not options.has_penalties and not options.logit_bias
+    if plain:
+        best = int(np.argmax(logits))
+        # the first best of the whole row is the first best of the allowed ones if allowed
+        if allowed is None or allowed[best]:
+            return best
     row = apply_penalties(logits, history, options, out=_scratch(logits.shape[0])[0])
+    if allowed is not None:
+        np.putmask(row, ~allowed, -np.inf)
+        if not allowed.any():
+            raise NothingAllowed("the constraint allows no token here")
     if options.greedy:
         return int(np.argmax(row))
     return draw(row, options, rng.random())  # the one draw
