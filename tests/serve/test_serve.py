@@ -494,8 +494,32 @@ BAD = [
     ("/v1/chat/completions", {**GOOD_CHAT, "functions": [WEATHER["function"]]}, "functions"),
     (
         "/v1/chat/completions",
-        {**GOOD_CHAT, "response_format": {"type": "json_object"}},
+        {**GOOD_CHAT, "response_format": {"type": "json_schema"}},
         "response_format",
+    ),
+    (
+        "/v1/chat/completions",
+        {**GOOD_CHAT, "response_format": {"type": "yaml"}},
+        "response_format.type",
+    ),
+    (
+        "/v1/chat/completions",
+        {**GOOD_CHAT, "response_format": {"type": "json_schema", "json_schema": {"schema": 3}}},
+        "response_format.json_schema.schema",
+    ),
+    (
+        "/v1/chat/completions",
+        {
+            **GOOD_CHAT,
+            "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "x"}}},
+        },
+        "response_format",
+    ),
+    ("/v1/chat/completions", {**GOOD_CHAT, "grammar": 'root ::= "a'}, "grammar"),
+    (
+        "/v1/chat/completions",
+        {**GOOD_CHAT, "grammar": 'root ::= "a"', "response_format": {"type": "json_object"}},
+        None,
     ),
     ("/v1/completions", {"prompt": "hi", "echo": True}, "echo"),
     ("/v1/completions", {"prompt": "hi", "suffix": "end"}, "suffix"),
@@ -594,8 +618,8 @@ _FIELDS = [
     "model", "max_tokens", "max_completion_tokens", "temperature", "top_p",
     "frequency_penalty", "presence_penalty", "seed", "stop", "n", "stream", "stream_options",
     "min_p", "top_k", "repeat_penalty", "penalty_last_n", "stop_token_ids", "references",
-    "logprobs", "top_logprobs", "logit_bias", "response_format", "tools", "tool_choice",
-    "echo", "suffix", "best_of", "user", "messages", "prompt",
+    "logprobs", "top_logprobs", "logit_bias", "response_format", "grammar", "tools",
+    "tool_choice", "echo", "suffix", "best_of", "user", "messages", "prompt",
 ]  # fmt: skip
 # text as JSON can carry it: lone surrogates (Cs) and control characters included
 _TEXT = st.text(
@@ -705,10 +729,13 @@ def test_the_openai_client_sees_bad_requests_as_such(spec) -> None:
     assert info.value.body["code"] == "context_length_exceeded"
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(
-            model="smollm2", messages=CHAT, max_tokens=2, response_format={"type": "json_object"}
+            model="smollm2",
+            messages=CHAT,
+            max_tokens=2,
+            response_format={"type": "json_schema", "json_schema": {"schema": {"type": "x"}}},
         )
     assert info.value.body["param"] == "response_format"
-    assert "not supported" in info.value.body["message"]
+    assert "bad JSON schema" in info.value.body["message"]
     still_serving(spec)
 
 

@@ -378,6 +378,38 @@ class LlamaCppTokenizer:
         self._control: tuple[re.Pattern[str], re.Pattern[str]] | None = None  # see _patterns
         self._piece_buf = ctypes.create_string_buffer(256)
 
+    def vocab_handle(self) -> int:
+        """The llama_vocab pointer (for llguidance's tokenizer over the same pieces)."""
+        return self._live_vocab()
+
+    def tokenize_address(self) -> int:
+        """The address of llama_tokenize, which llguidance calls with `vocab_handle()`."""
+        return int(ctypes.cast(lib._lib.llama_tokenize, ctypes.c_void_p).value or 0)
+
+    def grammar_pieces(self) -> list[bytes]:
+        """Every token's bytes as a grammar engine reads the vocabulary: control tokens, and
+        user-defined ones written like one (`<...>`), prefixed by 0xff, which no text holds,
+        so no grammar writes them as text (llguidance's own reading of a llama.cpp vocab,
+        which calls a function llama.cpp deprecated and warns once per token)."""
+        vocab = self._live_vocab()
+        buf = ctypes.create_string_buffer(256)
+        user = lib.LLAMA_TOKEN_ATTR_USER_DEFINED
+        pieces = []
+        for t in range(self.vocab_size):
+            n = lib.llama_token_to_piece(vocab, t, buf, len(buf), 0, True)
+            if n < 0:
+                big = ctypes.create_string_buffer(-n)
+                n = lib.llama_token_to_piece(vocab, t, big, len(big), 0, True)
+                piece = big.raw[:n]
+            else:
+                piece = buf.raw[:n]
+            attr = lib.llama_vocab_get_attr(vocab, t)
+            marked = attr & lib.LLAMA_TOKEN_ATTR_CONTROL or (
+                attr & user and piece.startswith(b"<") and piece.endswith(b">")
+            )
+            pieces.append(b"\xff" + piece if marked else piece)
+        return pieces
+
     def _live_vocab(self) -> int:
         if self._vocab is None:
             raise ModelError(f"the tokenizer of {self.name} is closed")

@@ -35,6 +35,7 @@ from typing import Any
 
 from draftless.decoder import SpecOptions, SpeculativeDecoder
 from draftless.errors import UserError
+from draftless.grammar import GrammarError, compile_grammar
 from draftless.logprobs import LogprobRecorder, TokenLogprob
 from draftless.metrics import MemberStats
 from draftless.models.base import ContextFull, Model, Tokenizer
@@ -233,6 +234,15 @@ class Engine:
                     f"{param}: {bad[0]} is not a token id of this model [0, {model.vocab_size})",
                     param,
                 )
+        eos = model.eos_token_ids | stop_ids
+        constraint = None
+        spec = p.grammar_spec
+        if spec is not None:
+            try:  # before the prefill: a schema it cannot compile costs the model nothing
+                constraint = compile_grammar(model, spec, eos)
+            except GrammarError as err:
+                param = "grammar" if p.grammar is not None else "response_format"
+                raise RequestError(str(err), param) from None
         source, names = self._source(p.references or [], views) if self.spec else (None, [])
         started = time.perf_counter()
 
@@ -242,7 +252,11 @@ class Engine:
 
         try:
             reused = dec.restart(
-                ids, sampling=p.to_sampling(), source=source, between=unless_cancelled
+                ids,
+                sampling=p.to_sampling(),
+                source=source,
+                between=unless_cancelled,
+                constraint=constraint,
             )
         except ContextFull as err:
             raise RequestError(str(err), what, "context_length_exceeded") from None
@@ -272,7 +286,6 @@ class Engine:
                 raise Cancelled("the client went away")
             show(piece)
 
-        eos = model.eos_token_ids | stop_ids
         t0 = time.perf_counter()
         try:
             run = generate_text(

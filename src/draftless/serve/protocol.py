@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from draftless.errors import UsageError
+from draftless.grammar import GrammarSpec
 from draftless.logprobs import MAX_TOP, TokenLogprob
 from draftless.models.base import Tokenizer
 from draftless.sampling import MAX_BIAS, SamplingOptions
@@ -38,6 +39,7 @@ MAX_SEED = 2**63 - 1
 MAX_CHOICES = 16  # `n` at most: choices are generated one after another
 MAX_BIASED = 1024  # logit_bias entries per request
 MAX_TOOLS = 128  # tools per request (OpenAI's limit)
+MAX_GRAMMAR_CHARS = 200_000  # characters of a `grammar`
 MIN_ESCAPED = 64  # characters: shorter message texts get no JSON-escaped reference
 
 
@@ -59,7 +61,6 @@ def _encodable(text: str) -> str:
 # schema or tool calls and silently gets plain text is worse off than one told so. Their
 # "off" values (false, null, [], "none", {"type": "text"}) pass.
 UNSUPPORTED = {
-    "response_format": "structured output (response_format) is not supported by this server",
     "functions": "functions and function_call are the old names: send tools and tool_choice",
     "function_call": "functions and function_call are the old names: send tools and tool_choice",
     "echo": "echo is not supported by this server",
@@ -74,8 +75,6 @@ def _asks_for(name: str, value: Any) -> bool:
         return False
     if name == "function_call":
         return value not in ("none", "auto")  # auto, without functions, is no call
-    if name == "response_format":
-        return not (isinstance(value, dict) and value.get("type") == "text")
     if name == "best_of":
         return value != 1
     return True
@@ -109,6 +108,61 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(BaseModel):
+    """`response_format.json_schema`: the schema, with OpenAI's name and strict flag."""
+
+    model_config = ConfigDict(extra="ignore")  # description
+
+    name: str | None = None
+    schema_: Any = Field(default=None, alias="schema")
+    strict: bool | None = None  # the schema is always followed, strict or not
+
+    @field_validator("schema_")
+    @classmethod
+    def _a_schema(cls, schema: Any) -> Any:
+        return _schema(schema)
+
+
+def _schema(schema: Any) -> Any:
+    if schema is not None and not isinstance(schema, dict | bool):
+        raise ValueError(f"a JSON schema is an object (or true/false), got {type(schema).__name__}")
+    return schema
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's `response_format`: "text", "json_object" (any JSON object) or "json_schema"
+    (`json_schema.schema`); llama-server's `json_object` with a `schema` is taken too."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+    schema_: Any = Field(default=None, alias="schema")
+
+    @field_validator("schema_")
+    @classmethod
+    def _a_schema(cls, schema: Any) -> Any:
+        return _schema(schema)
+
+    @model_validator(mode="after")
+    def _schema_where_its_type_wants_it(self) -> Self:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError('response_format "json_schema" needs its json_schema object')
+        if self.type != "json_schema" and self.json_schema is not None:
+            raise ValueError(f'response_format "{self.type}" takes no json_schema')
+        return self
+
+    def grammar(self) -> GrammarSpec | None:
+        if self.type == "json_schema":
+            schema = self.json_schema.schema_ if self.json_schema is not None else None
+            return GrammarSpec.json_schema({} if schema is None else schema)
+        if self.type == "json_object":
+            if self.schema_ is not None:
+                return GrammarSpec.json_schema(self.schema_)
+            return GrammarSpec.json_object()
+        return None
+
+
 class _Params(BaseModel):
     """Fields shared by chat and text completions (OpenAI's, then the extensions)."""
 
@@ -138,8 +192,10 @@ class _Params(BaseModel):
     logprobs: bool | int | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP)
     logit_bias: dict[str, float] | None = None  # token id (as text) -> bias in [-100, 100]
+    # structured output: what the answer must follow (see `grammar_spec`)
+    response_format: ResponseFormat | None = None
+    grammar: str | None = Field(default=None, max_length=MAX_GRAMMAR_CHARS)  # Lark or GBNF
     # UNSUPPORTED: kept to be refused when they ask for something
-    response_format: dict[str, Any] | None = None
     functions: list[Any] | None = None
     function_call: str | dict[str, Any] | None = None
     echo: bool | None = None
@@ -243,6 +299,21 @@ class _Params(BaseModel):
     def usage_chunk(self) -> bool:
         """Whether a stream ends with OpenAI's separate usage chunk (`include_usage`)."""
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def grammar_spec(self) -> GrammarSpec | None:
+        """What the answer must follow: `response_format` (a JSON schema, any JSON object) or
+        llama-server's `grammar` (Lark or GBNF); None: free text."""
+        if self.grammar is not None:
+            return GrammarSpec("grammar", self.grammar)
+        return None if self.response_format is None else self.response_format.grammar()
+
+    @model_validator(mode="after")
+    def _one_grammar(self) -> Self:
+        fmt = self.response_format
+        if self.grammar is not None and fmt is not None and fmt.type != "text":
+            raise ValueError("send response_format or grammar, not both")
+        return self
 
     @property
     def token_limit(self) -> int | None:

@@ -1,0 +1,186 @@
+"""Grammars over a model's vocabulary: JSON schemas, any JSON object, Lark, regular
+expressions, through llguidance (imported here, on first use).
+
+    spec = GrammarSpec.json_schema({"type": "object", ...})
+    grammar = compile_grammar(model, spec, stop_ids)     # a `constraint.Constraint`
+    generate(model, prompt, n, source=..., constraint=grammar)
+
+llguidance (the engine behind guidance, and one of vLLM's and SGLang's structured-output
+backends) keeps an Earley parser over the grammar and computes, per step, the bitmask of the
+tokens that can come next, in about 0.1-0.3 ms on a 49k-152k vocabulary; it rolls back, and
+checks a run of tokens without consuming them, which is what a speculative decoder needs
+(`constraint.py`). Once the grammar is complete it allows only the stop ids, so a constrained
+run ends there. A schema or grammar it cannot compile is a `GrammarError` naming what is wrong.
+
+The vocabulary it reads is the model's own: llama.cpp's token pieces (control tokens marked as
+special, so no grammar can write them as text) or a transformers fast tokenizer. Building it
+takes ~0.4 s for 49k tokens, so it is kept per tokenizer and stop set.
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from draftless.errors import UserError
+from draftless.models.base import Model
+
+# "grammar": Lark or llama.cpp's GBNF, told apart by llguidance (llama-server's `grammar`)
+KINDS = ("json_schema", "json_object", "grammar", "lark", "regex")
+NAMES = {  # in messages
+    "json_schema": "JSON schema",
+    "json_object": "JSON object grammar",
+    "grammar": "grammar",
+    "lark": "Lark grammar",
+    "regex": "regular expression",
+}
+
+
+class GrammarError(UserError, ValueError):
+    """A grammar or JSON schema that cannot be compiled; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class GrammarSpec:
+    kind: str  # one of KINDS
+    text: str = ""  # the schema as JSON, the grammar, the regex ("" for json_object)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise GrammarError(f"grammar kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+
+    @classmethod
+    def json_schema(cls, schema: dict[str, Any] | str | bool) -> GrammarSpec:
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as err:
+                raise GrammarError(f"the JSON schema is not JSON: {err}") from None
+        if not isinstance(schema, dict | bool):
+            raise GrammarError(f"a JSON schema is an object, got {type(schema).__name__}")
+        return cls("json_schema", json.dumps(schema))
+
+    @classmethod
+    def json_object(cls) -> GrammarSpec:
+        return cls("json_object")
+
+    def llguidance_grammar(self) -> str:
+        """The grammar in llguidance's own form."""
+        from llguidance import LLMatcher
+
+        if self.kind == "json_object":  # any JSON object, as OpenAI's json_object mode
+            return str(LLMatcher.grammar_from_json_schema({"type": "object"}))
+        if self.kind == "json_schema":
+            try:
+                return str(LLMatcher.grammar_from_json_schema(self.text))
+            except ValueError as err:
+                raise GrammarError(f"bad JSON schema: {err}") from None
+        if self.kind == "lark":
+            return str(LLMatcher.grammar_from_lark(self.text))
+        if self.kind == "grammar":
+            from llguidance import grammar_from
+
+            try:
+                return str(grammar_from("grammar", self.text))
+            except ValueError as err:
+                raise GrammarError(str(err)) from None
+        return str(LLMatcher.grammar_from_regex(self.text))
+
+
+class Grammar:
+    """A compiled grammar as a decoder's `Constraint` (one generation's worth of state)."""
+
+    def __init__(self, matcher: Any, vocab: int) -> None:
+        self._matcher = matcher
+        self.vocab = vocab
+        self._bits = np.zeros((vocab + 31) // 32, dtype=np.int32)
+
+    def allowed(self) -> np.ndarray:
+        bits = self._bits
+        self._matcher.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+        return np.unpackbits(bits.view(np.uint8), count=self.vocab, bitorder="little").view(bool)
+
+    def consume(self, token: int) -> None:
+        if not self._matcher.consume_token(int(token)):
+            raise RuntimeError(f"the grammar refused token {token}: {self._matcher.get_error()}")
+
+    def rollback(self, n: int) -> None:
+        if n > 0 and not self._matcher.rollback(n):
+            raise RuntimeError(f"the grammar cannot roll back {n} tokens")
+
+    def valid_prefix(self, tokens: Sequence[int]) -> int:
+        return int(self._matcher.validate_tokens([int(t) for t in tokens]))
+
+    def forced(self) -> list[int]:
+        """Tokens the grammar forces next (e.g. a schema's next key), possibly none."""
+        return [int(t) for t in self._matcher.compute_ff_tokens()]
+
+    @property
+    def complete(self) -> bool:
+        """The text so far is a whole sentence of the grammar."""
+        return bool(self._matcher.is_accepting())
+
+
+_TOKENIZERS: weakref.WeakKeyDictionary[Any, dict[tuple[int, ...], Any]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _lltokenizer(model: Model, stops: tuple[int, ...]) -> Any:
+    tok: Any = model.tokenizer  # a backend's: what it offers is asked with getattr
+    kept = _TOKENIZERS.setdefault(tok, {})
+    if stops in kept:
+        return kept[stops]
+    pieces = getattr(tok, "grammar_pieces", None)
+    hf = getattr(tok, "hf_tokenizer", None)
+    if pieces is not None:  # llama.cpp: the GGUF's pieces, tokenized by llama.cpp
+        from llguidance import LLTokenizer
+
+        tokens = pieces()
+        tokens += [b""] * (model.vocab_size - len(tokens))  # rows past the vocabulary
+        made = LLTokenizer.from_llamacpp(  # type: ignore[attr-defined]  # not in its stubs
+            tokens=tokens,
+            vocab_ptr=tok.vocab_handle(),
+            tokenize_fptr=tok.tokenize_address(),
+            eos_token=list(stops),
+            slices=None,
+        )
+    elif hf is not None:
+        from llguidance.hf import from_tokenizer
+
+        try:
+            made = from_tokenizer(hf, n_vocab=model.vocab_size, eos_token=list(stops))
+        except (ValueError, TypeError) as err:
+            raise GrammarError(f"grammars need a fast tokenizer: {err}") from None
+    else:
+        raise GrammarError(f"{model.name}: grammars are not supported on this backend")
+    kept[stops] = made
+    return made
+
+
+def compile_grammar(model: Model, spec: GrammarSpec, stop_ids: Iterable[int]) -> Grammar:
+    """A fresh `Grammar` for one generation on `model`, ending at `stop_ids` (at least one:
+    the tokens it allows once complete)."""
+    try:
+        from llguidance import LLMatcher
+    except ImportError:
+        raise GrammarError(
+            "grammars need llguidance (pip install llguidance); it is in requirements.txt"
+        ) from None
+    stops = tuple(sorted({int(t) for t in stop_ids}))
+    if not stops:
+        raise GrammarError("a grammar needs a stop id to end on")
+    text = spec.llguidance_grammar()
+    bad, messages = LLMatcher.validate_grammar_with_warnings(text)
+    what = NAMES[spec.kind]
+    if bad:
+        raise GrammarError(f"bad {what}: {messages[0]}")
+    matcher = LLMatcher(_lltokenizer(model, stops), text, log_level=0)
+    if matcher.is_error():
+        raise GrammarError(f"bad {what}: {matcher.get_error()}")
+    return Grammar(matcher, model.vocab_size)

@@ -1,0 +1,157 @@
+"""Grammars (llguidance) on real vocabularies: the decoder's constraint obligations
+(tests/test_constraint.py) on SmolLM2 through llama.cpp and on a tiny float64 transformers
+model: constrained speculation equals constrained plain decoding, the text is a sentence of
+the grammar, and the vocabulary is read so that no grammar can write a control token."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llguidance")
+
+from draftless.decoder import SpecOptions
+from draftless.decoder import generate as timed_generate
+from draftless.grammar import GrammarError, GrammarSpec, compile_grammar
+from draftless.models.base import ModelError
+from draftless.sources.cascade import SpeculationIndex
+from fakes import garbage_source, random_source
+
+
+def generate(*args, **kwargs):
+    return timed_generate(*args, clock=None, **kwargs)
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 40},
+        "population": {"type": "integer", "minimum": 0},
+        "rivers": {"type": "array", "items": {"type": "string", "maxLength": 30}, "maxItems": 3},
+    },
+    "required": ["city", "population", "rivers"],
+    "additionalProperties": False,
+}
+DOC = (
+    '{"city": "Lyon", "population": 522250, "rivers": ["Rhone", "Saone"]}\n'
+    '{"city": "Basel", "population": 177595, "rivers": ["Rhine", "Birsig"]}\n'
+)
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    pytest.importorskip("llama_cpp")
+    from draftless.models.registry import load_model
+
+    try:
+        return load_model("smollm2", backend="llamacpp", n_ctx=1024)
+    except ModelError as err:
+        pytest.skip(str(err))
+
+
+def _prompt(model) -> list[int]:
+    from draftless.text import encode_prompt
+
+    ask = "Records:\n" + DOC + "Write the record of Lyon again, as JSON."
+    return encode_prompt(model, ask, chat=True)
+
+
+def _index(model) -> SpeculationIndex:
+    return SpeculationIndex(model.vocab_size, references=[model.tokenizer.encode(DOC)])
+
+
+def _follows(text: str) -> bool:
+    value = json.loads(text)
+    return (
+        set(value) == {"city", "population", "rivers"}
+        and isinstance(value["city"], str)
+        and isinstance(value["population"], int)
+        and value["population"] >= 0
+        and all(isinstance(r, str) for r in value["rivers"])
+        and len(value["rivers"]) <= 3
+    )
+
+
+@pytest.mark.llamacpp
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_smollm2_constrained_speculation_equals_constrained_plain(smollm2, temperature) -> None:
+    from draftless.sampling import SamplingOptions
+
+    model, prompt = smollm2, _prompt(smollm2)
+    stops = model.eos_token_ids
+    sampling = SamplingOptions(temperature=temperature, seed=5)
+    runs = []
+    for source in (None, _index(model), garbage_source(model.vocab_size)):
+        grammar = compile_grammar(model, GrammarSpec.json_schema(SCHEMA), stops)
+        options = SpecOptions(gate=False, min_draft=1)  # verify every draft
+        runs.append(
+            generate(
+                model, prompt, 150, sampling=sampling, source=source, options=options,
+                stop_ids=stops, constraint=grammar,
+            )
+        )  # fmt: skip
+    plain, indexed, garbage = runs
+    assert indexed.token_ids == plain.token_ids == garbage.token_ids
+    assert plain.stop_reason == "stop"
+    text = model.tokenizer.decode(plain.token_ids, skip_special=True)
+    assert _follows(text), text
+    assert indexed.stats.accepted > 0 and garbage.stats.drafted > 0
+
+
+@pytest.mark.llamacpp
+def test_no_grammar_writes_a_control_token_as_text(smollm2) -> None:
+    model = smollm2
+    grammar = compile_grammar(model, GrammarSpec("regex", "(.|\\n){0,200}"), {2})
+    allowed = grammar.allowed()
+    tok = model.tokenizer
+    control = [t for t in range(model.vocab_size) if tok.is_special(t)]
+    assert control and allowed[2]  # the stop id ends it (the regex accepts the empty text)
+    assert not any(allowed[t] for t in control if t != 2)
+    assert allowed.sum() > model.vocab_size // 2  # and ordinary tokens are all there
+
+
+@pytest.mark.llamacpp
+def test_a_bad_schema_names_what_is_wrong(smollm2) -> None:
+    with pytest.raises(GrammarError, match="bad JSON schema"):
+        compile_grammar(smollm2, GrammarSpec.json_schema({"type": "nope"}), {2})
+    with pytest.raises(GrammarError, match="not JSON"):
+        GrammarSpec.json_schema("{oops")
+    with pytest.raises(GrammarError, match="stop id"):
+        compile_grammar(smollm2, GrammarSpec.json_object(), set())
+
+
+# -- transformers ---------------------------------------------------------------------------
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_transformers_model_under_a_regex(temperature) -> None:
+    pytest.importorskip("torch")
+    from test_hf import byte_tokenizer, tiny_model
+
+    from draftless.models.hf import HFModel
+    from draftless.sampling import SamplingOptions
+
+    model = HFModel.from_model(tiny_model("llama"), byte_tokenizer(), name="tiny")
+    pattern = "[a-f]{2,6}-[0-9]{1,4}( [a-f]{2,6}-[0-9]{1,4}){0,5}"
+    sampling = SamplingOptions(temperature=temperature, seed=3)
+    prompt = [256, *b"ab-12 cd-345 ", *b"ab-12 cd-345 "]
+    runs = []
+    for source in (None, random_source(model.vocab_size, 4)):
+        grammar = compile_grammar(model, GrammarSpec("regex", pattern), {257})
+        runs.append(
+            generate(
+                model, prompt, 60, sampling=sampling, source=source,
+                options=SpecOptions(gate=False, min_draft=1), stop_ids={257}, constraint=grammar,
+            )
+        )  # fmt: skip
+    assert runs[0].token_ids == runs[1].token_ids
+    out = runs[0].token_ids
+    body = bytes(t for t in out if t < 256).decode()
+    assert re.fullmatch(pattern, body) or (
+        runs[0].stop_reason == "length" and re.fullmatch("[a-f0-9 -]*", body)
+    ), body
+    assert np.all(np.array(out[:-1]) < 256)  # nothing but text before the stop
