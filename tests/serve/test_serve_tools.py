@@ -262,3 +262,99 @@ def test_an_answer_that_quotes_a_json_result_drafts_from_its_strings(servers) ->
     assert max(n for name, n in views.items() if name.startswith("json[")) >= 20, views
     assert mine["choices"] == theirs["choices"]
     assert mine["usage"] == theirs["usage"]
+
+
+# -- tool_choice "required" and a named function: the answer follows the calls' grammar ----
+TWO_TOOLS = [
+    *TOOLS,
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+                "additionalProperties": False,
+            },
+        },
+    },
+]
+HELLO = [{"role": "user", "content": "Say hello to me in French."}]
+
+
+def test_tool_choice_required_makes_the_answer_a_call(servers) -> None:
+    spec, plain = servers
+    free = client(plain).chat.completions.create(
+        model=NAME, messages=HELLO, tools=TWO_TOOLS, **GREEDY
+    )
+    assert not free.choices[0].message.tool_calls  # left to itself it answers in words
+    body = {
+        "messages": HELLO,
+        "tools": TWO_TOOLS,
+        "tool_choice": "required",
+        "parallel_tool_calls": False,  # one call, then the end of the turn
+        **GREEDY,
+    }
+    answers = [client(s).chat.completions.create(model=NAME, **body) for s in (spec, plain)]
+    for a in answers:
+        choice = a.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        assert len(choice.message.tool_calls) == 1
+        for name, arguments in calls(choice.message):
+            if name == "add":
+                assert set(arguments) == {"a", "b"} and all(
+                    isinstance(v, int) for v in arguments.values()
+                )
+            else:
+                assert name == "get_weather" and isinstance(arguments["city"], str)
+    assert calls(answers[0].choices[0].message) == calls(answers[1].choices[0].message)
+    assert answers[0].usage == answers[1].usage
+    assert streamed(spec, **body)[1:] == (calls(answers[0].choices[0].message), "tool_calls")
+
+
+def test_a_named_tool_choice_calls_that_function_once(servers) -> None:
+    spec, plain = servers
+    body = {
+        "messages": ASK,  # about the weather, and it must add
+        "tools": TWO_TOOLS,
+        "tool_choice": {"type": "function", "function": {"name": "add"}},
+        **GREEDY,
+    }
+    answers = [client(s).chat.completions.create(model=NAME, **body) for s in (spec, plain)]
+    found = calls(answers[0].choices[0].message)
+    assert found == calls(answers[1].choices[0].message)
+    assert [name for name, _ in found] == ["add"]
+    assert set(found[0][1]) == {"a", "b"}
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "says"),
+    [
+        ({"tool_choice": "required"}, "tool_choice", "offers no tools"),
+        (
+            {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "tool_choice",
+            "not one of the tools",
+        ),
+        ({"tools": TOOLS, "tool_choice": {"type": "function"}}, "tool_choice", "named"),
+        (
+            {"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
+            "tool_choice",
+            "send one",
+        ),
+    ],
+)
+def test_a_tool_choice_that_cannot_be_met_is_a_400(servers, body, param, says) -> None:
+    spec, _ = servers
+    r = httpx.post(
+        spec.url + "/v1/chat/completions",
+        json={"messages": ASK, "max_tokens": 4, **body},
+        timeout=60,
+    )
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert says in err["message"]
+    if param is not None:
+        assert err["param"] == param

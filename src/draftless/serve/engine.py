@@ -35,7 +35,7 @@ from typing import Any
 
 from draftless.decoder import SpecOptions, SpeculativeDecoder
 from draftless.errors import UserError
-from draftless.grammar import GrammarError, compile_grammar
+from draftless.grammar import GrammarError, GrammarSpec, compile_grammar
 from draftless.logprobs import LogprobRecorder, TokenLogprob
 from draftless.metrics import MemberStats
 from draftless.models.base import ContextFull, Model, Tokenizer
@@ -43,7 +43,13 @@ from draftless.serve import protocol as wire
 from draftless.serve.history import DEFAULT_INDEX_BUDGET, RequestHistory
 from draftless.serve.metrics import Metrics
 from draftless.serve.protocol import ChatRequest, CompletionRequest, RequestError
-from draftless.serve.tools import ToolCall, ToolCallStream
+from draftless.serve.tools import (
+    HERMES_CLOSE,
+    HERMES_OPEN,
+    ToolCall,
+    ToolCallStream,
+    call_grammar,
+)
 from draftless.serve.tools import parse as parse_tool_calls
 from draftless.sources.cascade import SpeculationIndex
 from draftless.text import generate_text
@@ -236,12 +242,13 @@ class Engine:
                 )
         eos = model.eos_token_ids | stop_ids
         constraint = None
-        spec = p.grammar_spec
+        spec, param = p.grammar_spec, "grammar" if p.grammar is not None else "response_format"
+        if isinstance(p, ChatRequest) and p.required_call[0]:
+            spec, param = self._call_grammar(p, ids, spec), "tools"
         if spec is not None:
             try:  # before the prefill: a schema it cannot compile costs the model nothing
                 constraint = compile_grammar(model, spec, eos)
             except GrammarError as err:
-                param = "grammar" if p.grammar is not None else "response_format"
                 raise RequestError(str(err), param) from None
         source, names = self._source(p.references or [], views) if self.spec else (None, [])
         started = time.perf_counter()
@@ -338,6 +345,35 @@ class Engine:
         if logprobs is not None:
             rest = logprobs.next(shown_tokens, whole=not job.stream)
         return Finished(text, finish, len(ids), len(tokens), stats, rest, found)
+
+    def _call_grammar(
+        self, p: ChatRequest, ids: Sequence[int], other: GrammarSpec | None
+    ) -> GrammarSpec:
+        """The grammar of the call(s) tool_choice asks for, in the Hermes form the template
+        tells the model to write (`tools.call_grammar`)."""
+        if other is not None:
+            raise RequestError(
+                "tool_choice asks for a tool call and response_format (or grammar) for "
+                "something else; send one",
+                "tool_choice",
+            )
+        if HERMES_OPEN not in self.model.tokenizer.decode(ids):
+            raise RequestError(
+                f"tool_choice {p.tool_choice!r} needs a chat template that asks for calls as "
+                f"{HERMES_OPEN} (the Hermes form, as Qwen 2.5's); the template of "
+                f"{self.model.name} does not, so send 'auto'",
+                "tool_choice",
+            )
+        _, only = p.required_call  # a named function: one call of it
+        many = only is None and p.parallel_tool_calls is not False
+        tags = tuple(self._one_token(tag) for tag in (HERMES_OPEN, HERMES_CLOSE))
+        grammar = call_grammar(p.offered_tools or [], only, many, (tags[0], tags[1]))
+        return GrammarSpec("lark", grammar)
+
+    def _one_token(self, text: str) -> int | None:
+        """The id of the one token that spells `text`, if the vocabulary has one."""
+        ids = self.model.tokenizer.encode(text)
+        return ids[0] if len(ids) == 1 else None
 
     def _source(self, texts: Sequence[str], views: Sequence[str] = ()) -> tuple[Any, list[str]]:
         """A fresh SpeculationIndex with the server's references, the cross-request history,

@@ -477,13 +477,32 @@ class ChatRequest(_Params):
 
     @field_validator("tool_choice")
     @classmethod
-    def _tool_choice(cls, choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
-        if choice == "required" or isinstance(choice, dict):
-            raise ValueError(
-                "tool_choice 'required' or a named function is not supported: this server "
-                "does not constrain what the model writes; send 'auto' (or leave it out)"
-            )
+    def _tool_choice(
+        cls, choice: str | dict[str, Any] | None, info: ValidationInfo
+    ) -> str | dict[str, Any] | None:
+        name = None
+        if isinstance(choice, dict):
+            function = choice.get("function")
+            name = function.get("name") if isinstance(function, dict) else None
+            if choice.get("type") != "function" or not isinstance(name, str):
+                raise ValueError(
+                    'a named tool_choice is {"type": "function", "function": {"name": ...}}'
+                )
+        tools = info.data.get("tools") or []
+        if (choice == "required" or name is not None) and not tools:
+            raise ValueError("tool_choice asks for a call, and the request offers no tools")
+        if name is not None and name not in [t.function.name for t in tools]:
+            raise ValueError(f"tool_choice names {name!r}, which is not one of the tools")
         return choice
+
+    @property
+    def required_call(self) -> tuple[bool, str | None]:
+        """(whether the answer must be a tool call, the function it must call or None: any)
+        from tool_choice "required" or a named function."""
+        choice = self.tool_choice
+        if isinstance(choice, dict):
+            return True, choice["function"]["name"]
+        return choice == "required", None
 
     @property
     def offered_tools(self) -> list[dict[str, Any]] | None:

@@ -20,6 +20,10 @@ it would without tools), and so does a call cut off by the token limit inside a 
 repair: an object at the very end of the text that lacks only its last closing braces (small
 models end their turn so) is closed.
 
+`tool_choice` "required" or a named function: `call_grammar` is a grammar whose sentences are
+Hermes calls of the request's tools (their names and their parameters' JSON schemas), which
+the decoder follows (draftless.grammar), so the answer is a call, and a whole one.
+
 Streaming: `ToolCallStream` passes content through as it comes and holds back only from the
 first place where a call could begin to the end, parsing that at the end of the run; the
 content it sends plus what `finish` returns is what `parse` makes of the whole text.
@@ -30,7 +34,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -194,6 +198,53 @@ def _split(text: str, names: frozenset[str]) -> tuple[str, tuple[ToolCall, ...]]
         pos = scan = end
     content.append(text[pos:].lstrip(_WS) if calls else text[pos:])
     return "".join(content), tuple(calls)
+
+
+HERMES_OPEN = "<tool_call>"  # a template that mentions it asks for Hermes calls
+HERMES_CLOSE = "</tool_call>"
+
+
+def call_grammar(
+    tools: Sequence[Mapping[str, Any]],
+    only: str | None,
+    many: bool,
+    tags: tuple[int | None, int | None] = (None, None),
+) -> str:
+    """A Lark grammar (llguidance's dialect) of Hermes calls: `<tool_call>`, a newline, a JSON
+    object {"name": <a tool's name>, "arguments": <what its parameters schema allows>}, a
+    newline, `</tool_call>`; one call, or (`many`) one or more, a newline apart, as Qwen 2.5
+    writes parallel calls. `only` names the one function a call may name. `tags`: the token
+    ids of the opening and closing tag where the vocabulary has them as one token (Qwen
+    2.5's), which the grammar then names by id (`<[id]>`): a grammar engine reads such an
+    added token as special, not as the text it spells."""
+    schemas = []
+    for tool in tools:
+        function = tool["function"]
+        if only is not None and function["name"] != only:
+            continue
+        schemas.append(
+            {
+                "type": "object",
+                "properties": {
+                    "name": {"const": function["name"]},
+                    "arguments": function.get("parameters") or {"type": "object"},
+                },
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+        )
+    body = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+    opening, closing = (
+        f'"{text}"' if tag is None else f"<[{tag}]>"
+        for tag, text in zip(tags, (HERMES_OPEN, HERMES_CLOSE), strict=True)
+    )
+    return "\n".join(
+        [
+            'start: call ("\\n" call)*' if many else "start: call",
+            f'call: {opening} "\\n" body "\\n" {closing}',
+            f"body: %json {json.dumps(body)}",
+        ]
+    )
 
 
 def parse(text: str, names: Iterable[str]) -> Parsed:
