@@ -533,3 +533,60 @@ def test_a_tokenizer_past_its_models_vocabulary_is_a_one_line_error(tmp_path: Pa
     tiny = tiny_llama_dir(tmp_path, vocab=256)
     proc = run("generate", "--backend", "hf", "--model", str(tiny), "-p", "hi")
     assert_user_error(proc, "token id 256", "does not match its weights")
+
+
+RECORD_SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "year": {"type": "integer"}},
+    "required": ["city", "year"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.slow
+@SMOLLM2
+def test_a_json_schema_holds_the_output_with_spec_and_without(tmp_path: Path) -> None:
+    import json
+
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps(RECORD_SCHEMA))
+    prompt = "The record: city Lyon, year 1998. Write it as JSON with keys city and year."
+    args = ["generate", "--json", "--chat", "-n", "60", "--prompt", prompt]
+    free = json.loads(run(*args).stdout)
+    held = [
+        json.loads(run(*args, "--json-schema", str(schema), *flag).stdout)
+        for flag in ((), ("--spec", "--no-gate"))
+    ]
+    assert held[0]["token_ids"] == held[1]["token_ids"]
+    assert held[0]["stop_reason"] == "stop"
+    value = json.loads(held[0]["text"])
+    assert set(value) == {"city", "year"} and isinstance(value["year"], int)
+    assert free["text"] != held[0]["text"]
+    grammar = tmp_path / "yn.gbnf"
+    grammar.write_text('root ::= "yes" | "no"')
+    answer = json.loads(run(*args, "--grammar", str(grammar), "--spec").stdout)
+    assert answer["text"] in ("yes", "no")
+
+
+@pytest.mark.parametrize(
+    ("content", "flag", "fragment"),
+    [
+        ("{oops", "--json-schema", "not JSON"),
+        ('{"type": "nope"}', "--json-schema", "bad JSON schema"),
+        ("root ::= missing_rule", "--grammar", "grammar"),
+        (None, "--json-schema", "not found"),
+    ],
+)
+def test_a_schema_or_grammar_that_cannot_be_used_is_one_clear_line(
+    tmp_path: Path, content: str | None, flag: str, fragment: str
+) -> None:
+    path = tmp_path / "held.txt"
+    if content is not None:
+        path.write_text(content)
+    proc = run("generate", "-n", "4", "--prompt", "hi", flag, str(path))
+    assert_user_error(proc, fragment)
+
+
+def test_only_one_of_schema_object_and_grammar(tmp_path: Path) -> None:
+    proc = run("generate", "--prompt", "hi", "--json-object", "--grammar", "g")
+    assert proc.returncode == 2 and "not allowed with" in proc.stderr

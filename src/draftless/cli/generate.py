@@ -1,5 +1,8 @@
 """`draftless generate`: one generation, plain or speculative, as text or one JSON object.
 
+`--json-schema FILE`, `--json-object` and `--grammar FILE` hold the output to a JSON schema,
+any JSON object or a grammar (draftless.grammar), plain and speculative alike.
+
 Reaching the end of the context ends the run (stop reason "context", a note on stderr); the
 output and the statistics are printed as usual.
 """
@@ -30,6 +33,7 @@ from draftless.cli.common import (
     write,
 )
 from draftless.decoder import SpeculativeDecoder
+from draftless.grammar import GrammarSpec, compile_grammar
 from draftless.logprobs import MAX_TOP, LogprobRecorder
 from draftless.text import encode_prompt, generate_text
 
@@ -50,10 +54,35 @@ def register(subparsers: Any) -> None:
         help="with --json: each new token's log probability and the N likeliest alternatives "
         f"(0-{MAX_TOP}; the model's raw distribution, the same with --spec as without)",
     )
+    held = g.add_mutually_exclusive_group()
+    held.add_argument(
+        "--json-schema",
+        metavar="FILE",
+        help="hold the output to the JSON schema in FILE (-: standard input)",
+    )
+    held.add_argument("--json-object", action="store_true", help="hold the output to a JSON object")
+    held.add_argument(
+        "--grammar", metavar="FILE", help="hold the output to the grammar in FILE (GBNF or Lark)"
+    )
     add_stop_options(g, what="the output")
     add_sampling_options(g)
     add_spec_options(g)
     g.set_defaults(func=cmd_generate)
+
+
+def grammar_spec(args: argparse.Namespace) -> GrammarSpec | None:
+    """What --json-schema, --json-object or --grammar hold the output to (None: nothing)."""
+    if args.prompt_file == "-" and "-" in (args.json_schema, args.grammar):
+        raise UsageError("the prompt and the schema (or grammar) cannot both be standard input")
+    if args.json_object:
+        return GrammarSpec.json_object()
+    if args.json_schema is not None:
+        what = "JSON schema" if args.json_schema == "-" else "JSON schema file"
+        return GrammarSpec.json_schema(read_text_file(args.json_schema, what))
+    if args.grammar is not None:
+        what = "grammar" if args.grammar == "-" else "grammar file"
+        return GrammarSpec("grammar", read_text_file(args.grammar, what))
+    return None
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -70,14 +99,18 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.logprobs is not None and not (args.json and 0 <= args.logprobs <= MAX_TOP):
         raise UsageError(f"--logprobs needs --json and a count in [0, {MAX_TOP}]")
     system = checked_text(args.system, "--system") if args.system is not None else None
+    held = grammar_spec(args)
     sampling = sampling_from(args)
     sequences = stop_texts(args)
     model, notes = load_with_notes(args)
     try:
         stops = model.eos_token_ids | frozenset(stop_ids_from(args.stop_id, model.vocab_size))
         ids = encode_prompt(model, text, chat=args.chat, system=system)
+        constraint = None if held is None else compile_grammar(model, held, stops)
         source = make_source(model, args.spec_ref, edits=not args.no_edits) if args.spec else None
-        dec = SpeculativeDecoder(model, sampling=sampling, source=source, options=spec)
+        dec = SpeculativeDecoder(
+            model, sampling=sampling, source=source, options=spec, constraint=constraint
+        )
         dec.append(ids)
         recorder = None if args.logprobs is None else LogprobRecorder(dec, args.logprobs)
         print_notes(notes)  # the checks that needed the model passed
