@@ -103,11 +103,16 @@ class Grammar:
     def allowed(self) -> np.ndarray:
         bits = self._bits
         self._matcher.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+        if self._matcher.is_error():  # e.g. a grammar past llguidance's parser limits
+            raise GrammarError(f"the grammar cannot go on: {self._first_line()}")
         return np.unpackbits(bits.view(np.uint8), count=self.vocab, bitorder="little").view(bool)
+
+    def _first_line(self) -> str:
+        return str(self._matcher.get_error()).strip().splitlines()[0]
 
     def consume(self, token: int) -> None:
         if not self._matcher.consume_token(int(token)):
-            raise RuntimeError(f"the grammar refused token {token}: {self._matcher.get_error()}")
+            raise GrammarError(f"the grammar refused token {token}: {self._first_line()}")
 
     def rollback(self, n: int) -> None:
         if n > 0 and not self._matcher.rollback(n):

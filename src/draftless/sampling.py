@@ -36,8 +36,8 @@ class OptionsError(UserError, ValueError):
     """An option is out of range; the message names it."""
 
 
-class NothingAllowed(RuntimeError):
-    """A constraint left no token to sample (a grammar that cannot go on)."""
+class NothingAllowed(UserError, RuntimeError):
+    """A constraint left no token to sample: the grammar the user gave cannot go on."""
 
 
 MAX_BIAS = 100.0  # logit_bias values, as OpenAI bounds them

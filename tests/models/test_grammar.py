@@ -155,3 +155,30 @@ def test_a_transformers_model_under_a_regex(temperature) -> None:
         runs[0].stop_reason == "length" and re.fullmatch("[a-f0-9 -]*", body)
     ), body
     assert np.all(np.array(out[:-1]) < 256)  # nothing but text before the stop
+
+
+class _BrokenMatcher:
+    """A matcher that has entered llguidance's error state (e.g. a parser limit)."""
+
+    def unsafe_compute_mask_ptr(self, pointer: int, size: int) -> None:
+        pass
+
+    def is_error(self) -> bool:
+        return True
+
+    def get_error(self) -> str:
+        return "Parser Error: ParserTooComplex\n<state>...</state>"
+
+    def consume_token(self, token: int) -> bool:
+        return False
+
+
+def test_a_grammar_that_cannot_go_on_is_a_user_error_in_one_line() -> None:
+    from draftless.errors import UserError
+    from draftless.grammar import Grammar
+
+    grammar = Grammar(_BrokenMatcher(), 10)
+    with pytest.raises(GrammarError, match=r"cannot go on: Parser Error: ParserTooComplex$"):
+        grammar.allowed()
+    with pytest.raises(UserError, match="refused token 3"):
+        grammar.consume(3)
