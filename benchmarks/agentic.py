@@ -44,7 +44,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_common import draftless_command, running
+from serve_common import draftless_command, response_row, running
 
 from draftless.serve.tools import parse as parse_calls
 
@@ -203,25 +203,9 @@ def one_edit(
     data = r.json()
     message = data["choices"][0]["message"]
     text = reply_text(message)
-    use = data.get("usage") or {}
-    d, t = data.get("draftless"), data.get("timings")
-    if d is not None:
-        tps, drafted, accepted = d["decode_tokens_per_second"], d["drafted"], d["accepted"]
-    elif t is not None:  # llama-server
-        tps = t.get("predicted_per_second")
-        drafted, accepted = t.get("draft_n", 0), t.get("draft_n_accepted", 0)
-    else:
-        tps = (use.get("completion_tokens") or 0) / wall if wall else None
-        drafted = accepted = 0
     return {
         "request": i,
-        "prompt_tokens": use.get("prompt_tokens"),
-        "completion_tokens": use.get("completion_tokens"),
-        "finish_reason": data["choices"][0]["finish_reason"],
-        "wall_seconds": round(wall, 3),
-        "decode_tokens_per_second": tps,
-        "drafted": drafted,
-        "accepted": accepted,
+        **response_row(data, wall),
         "text": text,
         "file": written(message) if tools else None,
         "server_calls": len(message.get("tool_calls") or ()),

@@ -123,6 +123,34 @@ def ask(client: httpx.Client, url: str, body: dict[str, Any]) -> Answer:
     return Answer(text, finish, tokens, time.perf_counter() - t0, stats)
 
 
+def decode_stats(data: dict[str, Any], wall: float) -> tuple[float | None, int, int]:
+    """(decode tokens/s, drafted, accepted) of one response, by the server's own timing:
+    draftless's `draftless` object or llama-server's `timings`; else completion tokens over
+    the wall time and no drafts."""
+    d, t = data.get("draftless"), data.get("timings")
+    if d is not None:
+        return d["decode_tokens_per_second"], d["drafted"], d["accepted"]
+    if t is not None:  # llama-server
+        return t.get("predicted_per_second"), t.get("draft_n", 0), t.get("draft_n_accepted", 0)
+    tokens = (data.get("usage") or {}).get("completion_tokens") or 0
+    return (tokens / wall if wall else None), 0, 0
+
+
+def response_row(data: dict[str, Any], wall: float) -> dict[str, Any]:
+    """The fields a benchmark keeps of one chat response that took `wall` seconds."""
+    use = data.get("usage") or {}
+    tps, drafted, accepted = decode_stats(data, wall)
+    return {
+        "prompt_tokens": use.get("prompt_tokens"),
+        "completion_tokens": use.get("completion_tokens"),
+        "finish_reason": data["choices"][0]["finish_reason"],
+        "wall_seconds": round(wall, 3),
+        "decode_tokens_per_second": tps,
+        "drafted": drafted,
+        "accepted": accepted,
+    }
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     if not ordered:

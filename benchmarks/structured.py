@@ -41,7 +41,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from agentic import pairs
-from serve_common import draftless_command, running
+from serve_common import draftless_command, response_row, running
 
 CODE_SCHEMA = {
     "type": "object",
@@ -177,23 +177,9 @@ def one(http: httpx.Client, url: str, task: dict[str, Any], max_tokens: int) -> 
     r.raise_for_status()
     data = r.json()
     text = data["choices"][0]["message"]["content"] or ""
-    use = data.get("usage") or {}
-    d, t = data.get("draftless"), data.get("timings")
-    if d is not None:
-        tps, drafted, accepted = d["decode_tokens_per_second"], d["drafted"], d["accepted"]
-    else:
-        t = t or {}
-        tps = t.get("predicted_per_second")
-        drafted, accepted = t.get("draft_n", 0), t.get("draft_n_accepted", 0)
     return {
         "task": task["name"],
-        "prompt_tokens": use.get("prompt_tokens"),
-        "completion_tokens": use.get("completion_tokens"),
-        "finish_reason": data["choices"][0]["finish_reason"],
-        "wall_seconds": round(wall, 3),
-        "decode_tokens_per_second": tps,
-        "drafted": drafted,
-        "accepted": accepted,
+        **response_row(data, wall),
         "follows_schema": follows(text, task["schema"]),
         "text": text,
     }
