@@ -107,7 +107,7 @@ class Grammar:
             raise GrammarError(f"the grammar cannot go on: {self._first_line()}")
         return np.unpackbits(bits.view(np.uint8), count=self.vocab, bitorder="little").view(bool)
 
-    def _first_line(self) -> str:
+    def _first_line(self) -> str:  # the rest is llguidance's dump of its parser state
         return str(self._matcher.get_error()).strip().splitlines()[0]
 
     def consume(self, token: int) -> None:
@@ -184,8 +184,20 @@ def compile_grammar(model: Model, spec: GrammarSpec, stop_ids: Iterable[int]) ->
     bad, messages = LLMatcher.validate_grammar_with_warnings(text)
     what = NAMES[spec.kind]
     if bad:
-        raise GrammarError(f"bad {what}: {messages[0]}")
+        raise GrammarError(f"bad {what}: {_one_line(messages[0])}")
     matcher = LLMatcher(_lltokenizer(model, stops), text, log_level=0)
     if matcher.is_error():
-        raise GrammarError(f"bad {what}: {matcher.get_error()}")
-    return Grammar(matcher, model.vocab_size)
+        raise GrammarError(f"bad {what}: {_one_line(matcher.get_error())}")
+    grammar = Grammar(matcher, model.vocab_size)
+    try:  # a grammar with no sentence (e.g. {"$ref": "#"}) fails at its first mask
+        if not grammar.allowed().any():
+            raise GrammarError("no token can start it")
+    except GrammarError as err:
+        raise GrammarError(f"bad {what}: nothing can be written under it ({err})") from None
+    return grammar
+
+
+def _one_line(message: str) -> str:
+    """An error message in one line (llguidance's regex errors draw a caret under the
+    pattern over several): a CLI error is one line, and a server's error field one string."""
+    return " ".join(str(message).split())

@@ -573,6 +573,7 @@ def test_a_json_schema_holds_the_output_with_spec_and_without(tmp_path: Path) ->
     [
         ("{oops", "--json-schema", "not JSON"),
         ('{"type": "nope"}', "--json-schema", "bad JSON schema"),
+        ('{"type": "string", "pattern": "("}', "--json-schema", "unclosed group"),
         ("root ::= missing_rule", "--grammar", "grammar"),
         (None, "--json-schema", "not found"),
     ],

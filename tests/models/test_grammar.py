@@ -121,6 +121,10 @@ def test_a_bad_schema_names_what_is_wrong(smollm2) -> None:
         GrammarSpec.json_schema("{oops")
     with pytest.raises(GrammarError, match="stop id"):
         compile_grammar(smollm2, GrammarSpec.json_object(), set())
+    with pytest.raises(GrammarError, match="nothing can be written under it"):
+        compile_grammar(smollm2, GrammarSpec.json_schema({"$ref": "#"}), {2})  # no sentence
+    with pytest.raises(GrammarError, match=r"^bad JSON schema: regex parse error: \( \^ error"):
+        compile_grammar(smollm2, GrammarSpec.json_schema({"pattern": "("}), {2})  # one line
 
 
 # -- transformers ---------------------------------------------------------------------------

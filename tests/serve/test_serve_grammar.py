@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("llama_cpp")
 pytest.importorskip("fastapi")
@@ -183,3 +185,39 @@ def test_the_openai_client_gets_parsed_structured_output(spec) -> None:  # noqa:
         model="smollm2", messages=ASK, max_tokens=120, temperature=0, response_format=AS_SCHEMA
     )
     assert follows_schema(r.choices[0].message.content or "")
+
+
+# Any schema-shaped value: a 200 or a 400 naming response_format, never a 5xx, and the server
+# keeps serving (llguidance is native code; a schema it cannot take must not reach the worker
+# as anything but a GrammarError).
+_SCALAR = st.one_of(
+    st.none(), st.booleans(), st.integers(-3, 10**13), st.text("ab(){}[]*+?|^$.\\-0", max_size=6)
+)
+_KEYS = st.sampled_from(
+    ["type", "pattern", "minLength", "maxLength", "minimum", "maximum", "enum", "const",
+     "items", "properties", "required", "minItems", "maxItems", "anyOf", "$ref", "format",
+     "additionalProperties", "multipleOf"]
+)  # fmt: skip
+_SCHEMA = st.recursive(
+    st.one_of(_SCALAR, st.sampled_from(["string", "integer", "object", "array", "number"])),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(_KEYS, inner, max_size=4)),
+    max_leaves=10,
+)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(schema=_SCHEMA)
+def test_any_schema_gets_an_answer_or_a_400_never_a_5xx(spec, schema) -> None:  # noqa: F811
+    body = {
+        "messages": ASK,
+        "max_tokens": 3,
+        "temperature": 0,
+        "response_format": {"type": "json_schema", "json_schema": {"schema": schema}},
+    }
+    r = post(spec, "/v1/chat/completions", body)
+    assert r.status_code in (200, 400), r.text
+    if r.status_code == 400:
+        assert r.json()["error"]["param"].startswith("response_format")
+    still_serving(spec)
