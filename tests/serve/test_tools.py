@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from draftless.serve.tools import ToolCallStream, parse
+from draftless.serve.tools import ToolCallStream, call_grammar, parse
 
 NAMES = ("get_weather", "read_file")
 PARIS = {"city": "Paris"}
@@ -174,3 +174,32 @@ def test_the_strings_inside_a_json_message_are_held_as_text() -> None:
     ]
     request = ChatRequest.model_validate({"messages": messages})
     assert request.json_strings() == [note.upper(), note]  # longest first, then in order
+
+
+# -- the grammar of a forced call ----------------------------------------------------------
+def _offered(*names: str, parameters: dict | None = None) -> list[dict]:
+    function = {"parameters": parameters} if parameters is not None else {}
+    return [{"type": "function", "function": {"name": n, **function}} for n in names]
+
+
+@pytest.mark.parametrize(
+    ("only", "many", "tags"),
+    [(None, True, (None, None)), ("b", False, (None, None)), (None, False, (151657, 151658))],
+)
+def test_the_call_grammar_compiles_and_names_only_what_it_may(only, many, tags) -> None:
+    llguidance = pytest.importorskip("llguidance")
+    tools = _offered("a", "b", parameters={"type": "object", "properties": {"x": {}}})
+    text = call_grammar(tools, only, many, tags)
+    bad, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
+        llguidance.LLMatcher.grammar_from_lark(text)
+    )
+    assert not bad, messages
+    assert ('{"const": "b"}' in text) and (('{"const": "a"}' in text) == (only is None))
+    assert ('("\\n" call)*' in text) == many
+    assert ("<[151657]>" in text) == (tags[0] is not None)
+    assert ('"<tool_call>"' in text) == (tags[0] is None)
+
+
+def test_a_tool_without_parameters_takes_any_object_as_arguments() -> None:
+    text = call_grammar(_offered("ping"), None, False)
+    assert '"arguments": {"type": "object"}' in text
