@@ -30,15 +30,16 @@ import numpy as np
 from draftless.errors import UserError
 from draftless.models.base import Model
 
-# "grammar": Lark or llama.cpp's GBNF, told apart by llguidance (llama-server's `grammar`)
-KINDS = ("json_schema", "json_object", "grammar", "lark", "regex")
-NAMES = {  # in messages
+# kind -> its name in messages; "grammar": Lark or llama.cpp's GBNF, told apart by llguidance
+# (llama-server's `grammar`)
+NAMES = {
     "json_schema": "JSON schema",
     "json_object": "JSON object grammar",
     "grammar": "grammar",
     "lark": "Lark grammar",
     "regex": "regular expression",
 }
+KINDS = tuple(NAMES)
 
 
 class GrammarError(UserError, ValueError):
@@ -125,11 +126,6 @@ class Grammar:
         """Tokens the grammar forces next (e.g. a schema's next key), possibly none."""
         return [int(t) for t in self._matcher.compute_ff_tokens()]
 
-    @property
-    def complete(self) -> bool:
-        """The text so far is a whole sentence of the grammar."""
-        return bool(self._matcher.is_accepting())
-
 
 _TOKENIZERS: weakref.WeakKeyDictionary[Any, dict[tuple[int, ...], Any]] = (
     weakref.WeakKeyDictionary()
@@ -180,12 +176,9 @@ def compile_grammar(model: Model, spec: GrammarSpec, stop_ids: Iterable[int]) ->
     stops = tuple(sorted({int(t) for t in stop_ids}))
     if not stops:
         raise GrammarError("a grammar needs a stop id to end on")
-    text = spec.llguidance_grammar()
-    bad, messages = LLMatcher.validate_grammar_with_warnings(text)
     what = NAMES[spec.kind]
-    if bad:
-        raise GrammarError(f"bad {what}: {_one_line(messages[0])}")
-    matcher = LLMatcher(_lltokenizer(model, stops), text, log_level=0)
+    # the constructor never raises: a grammar it cannot compile leaves it in its error state
+    matcher = LLMatcher(_lltokenizer(model, stops), spec.llguidance_grammar(), log_level=0)
     if matcher.is_error():
         raise GrammarError(f"bad {what}: {_one_line(matcher.get_error())}")
     grammar = Grammar(matcher, model.vocab_size)

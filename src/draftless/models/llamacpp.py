@@ -350,6 +350,15 @@ def _mark_control_text(value: Any, control: re.Pattern[str]) -> Any:
     return value
 
 
+def _token_bytes(vocab: int, token_id: int, buf: Any) -> bytes:
+    """A token's piece (special tokens as their text), through `buf` or a bigger one."""
+    n = lib.llama_token_to_piece(vocab, token_id, buf, len(buf), 0, True)
+    if n < 0:
+        buf = ctypes.create_string_buffer(-n)
+        n = lib.llama_token_to_piece(vocab, token_id, buf, len(buf), 0, True)
+    return bytes(buf.raw[:n])
+
+
 class LlamaCppTokenizer:
     """The GGUF's own vocabulary, through llama_tokenize / llama_token_to_piece.
 
@@ -396,13 +405,7 @@ class LlamaCppTokenizer:
         user = lib.LLAMA_TOKEN_ATTR_USER_DEFINED
         pieces = []
         for t in range(self.vocab_size):
-            n = lib.llama_token_to_piece(vocab, t, buf, len(buf), 0, True)
-            if n < 0:
-                big = ctypes.create_string_buffer(-n)
-                n = lib.llama_token_to_piece(vocab, t, big, len(big), 0, True)
-                piece = big.raw[:n]
-            else:
-                piece = buf.raw[:n]
+            piece = _token_bytes(vocab, t, buf)
             attr = lib.llama_vocab_get_attr(vocab, t)
             marked = attr & lib.LLAMA_TOKEN_ATTR_CONTROL or (
                 attr & user and piece.startswith(b"<") and piece.endswith(b">")
@@ -445,15 +448,10 @@ class LlamaCppTokenizer:
             return cached
         self._check_id(token_id)
         vocab = self._live_vocab()
-        buf = self._piece_buf
-        n = lib.llama_token_to_piece(vocab, token_id, buf, len(buf), 0, True)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = lib.llama_token_to_piece(vocab, token_id, buf, len(buf), 0, True)
         special = bool(lib.llama_vocab_is_control(vocab, token_id)) or (
             token_id in self.eos_token_ids
         )
-        entry = (buf.raw[:n], special)
+        entry = (_token_bytes(vocab, token_id, self._piece_buf), special)
         self._pieces[token_id] = entry
         return entry
 

@@ -153,8 +153,8 @@ class ResponseFormat(BaseModel):
         return self
 
     def grammar(self) -> GrammarSpec | None:
-        if self.type == "json_schema":
-            schema = self.json_schema.schema_ if self.json_schema is not None else None
+        if self.json_schema is not None:  # type "json_schema" (validated above)
+            schema = self.json_schema.schema_
             return GrammarSpec.json_schema({} if schema is None else schema)
         if self.type == "json_object":
             if self.schema_ is not None:
