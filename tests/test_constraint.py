@@ -18,7 +18,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from draftless.constraint import Constraint
+from draftless.constraint import Constraint, Forcing
+from draftless.costs import CostTable
 from draftless.decoder import SpecOptions, SpeculativeDecoder
 from draftless.decoder import generate as timed_generate
 from draftless.sampling import NothingAllowed, SamplingOptions, sample
@@ -85,9 +86,40 @@ class Automaton:
         return Automaton.valid_prefix(self.fresh(), tokens) == len(tokens)
 
     def fresh(self) -> Automaton:
-        other = object.__new__(Automaton)
-        other.next, other.stack = self.next, [0]
+        other = object.__new__(type(self))
+        other.__dict__.update(self.__dict__)
+        other.stack = [0]
         return other
+
+
+class ForcingAutomaton(Automaton):
+    """An automaton a share of whose states allow one token only, so it forces runs of tokens
+    (`constraint.Forcing`), as a schema forces its next key. `misleading`: `forced()` also
+    runs on through states that allow several tokens, taking the lowest, as llguidance
+    offers forced text in tokens the model may not write it in: drafts a verify can reject."""
+
+    def __init__(self, seed: int, forcing: float = 0.6, misleading: bool = False, **kw) -> None:
+        super().__init__(seed, **kw)
+        rng = np.random.default_rng(seed + 1)
+        states, vocab = self.next.shape
+        for state in np.nonzero(rng.random(states) < forcing)[0]:
+            row = np.full(vocab, -1)
+            row[rng.integers(0, vocab)] = rng.integers(0, states)
+            self.next[state] = row
+        self.misleading = misleading
+        self.offered = 0  # forced tokens offered
+
+    def forced(self) -> list[int]:
+        out: list[int] = []
+        state = self.stack[-1]
+        while len(out) < 12:
+            (allowed,) = np.nonzero(self.next[state] >= 0)
+            if len(allowed) != 1 and not self.misleading:
+                break
+            out.append(int(allowed[0]))
+            state = self.next[state, allowed[0]]
+        self.offered += len(out)
+        return out
 
 
 def constrained_plain(model, sampling, automaton: Automaton, n: int) -> list[int]:
@@ -104,7 +136,8 @@ def sources(reference: list[int]) -> dict:
 
 
 def test_the_automaton_is_a_constraint() -> None:
-    assert isinstance(Automaton(0), Constraint)
+    assert isinstance(Automaton(0), Constraint) and not isinstance(Automaton(0), Forcing)
+    assert isinstance(ForcingAutomaton(0), Forcing)
 
 
 @pytest.mark.parametrize("kind", ["perfect", "garbage", "alternating", "random"])
@@ -146,12 +179,18 @@ def _states(automaton: Automaton, tokens: Sequence[int]) -> list[int]:
     density=st.sampled_from([0.1, 0.4, 0.8]),
     max_draft=st.integers(1, 12),
     n=st.integers(1, 60),
+    forcing=st.sampled_from([None, 0.3, 0.8]),
+    misleading=st.booleans(),
 )
 def test_random_sources_never_change_the_constrained_stream(
-    model_seed, grammar_seed, source_seed, temperature, density, max_draft, n
+    model_seed, grammar_seed, source_seed, temperature, density, max_draft, n, forcing, misleading
 ):
     model = InductionModel(VOCAB, seed=model_seed)
-    automaton = Automaton(grammar_seed, density=density)
+    automaton = (
+        Automaton(grammar_seed, density=density)
+        if forcing is None
+        else ForcingAutomaton(grammar_seed, forcing, misleading, density=density)
+    )
     sampling = SamplingOptions(temperature=temperature, top_p=0.9, seed=model_seed)
     expected = constrained_plain(model, sampling, automaton, n)
     got = generate(
@@ -269,3 +308,65 @@ def test_greedy_under_a_mask_takes_the_first_best_allowed_token(best_allowed: bo
     allowed = np.array([True, best_allowed, True, True, True])
     got = sample(row, [], SamplingOptions(), np.random.default_rng(0), allowed)
     assert got == (1 if best_allowed else 3)
+
+
+# -- forced tokens as drafts ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["garbage", "random", "perfect"])
+@pytest.mark.parametrize("name", list(SAMPLINGS))
+def test_forced_tokens_are_drafts_that_a_verify_commits(kind: str, name: str) -> None:
+    sampling = SAMPLINGS[name]
+    model = InductionModel(VOCAB, seed=5)
+    automaton = ForcingAutomaton(seed=12)
+    expected = constrained_plain(model, sampling, automaton, 80)
+    live = automaton.fresh()
+    got = generate(
+        model, PROMPT, 80, sampling=sampling, source=sources(PROMPT + expected)[kind],
+        options=ALWAYS, constraint=live,
+    )  # fmt: skip
+    assert got.token_ids == expected
+    assert live.stack == [0, *_states(automaton, expected)]
+    forced = got.stats.members.get("grammar")
+    if kind == "perfect":  # the source's draft is never shorter: the grammar's never wins
+        assert forced is None
+        return
+    # a token the only one its state allows is sampled whatever the row says
+    assert forced is not None and forced.accepted == forced.drafted > 10
+
+
+@pytest.mark.parametrize("name", list(SAMPLINGS))
+def test_forced_drafts_the_model_does_not_write_are_rejected_exactly(name: str) -> None:
+    sampling = SAMPLINGS[name]
+    model = InductionModel(VOCAB, seed=8)
+    automaton = ForcingAutomaton(seed=2, forcing=0.5, misleading=True)
+    expected = constrained_plain(model, sampling, automaton, 80)
+    got = generate(
+        model, PROMPT, 80, sampling=sampling, source=garbage_source(VOCAB), options=ALWAYS,
+        constraint=automaton.fresh(),
+    )  # fmt: skip
+    assert got.token_ids == expected
+    forced = got.stats.members["grammar"]
+    assert 0 < forced.accepted < forced.drafted
+
+
+@pytest.mark.parametrize(
+    ("costs", "verified"),
+    [
+        ((1.0, 1.38, 1.85, 2.02, 2.55), True),  # the 1.5B at two threads: C(2) = 1.38 pays
+        ((1.0, 2.0, 3.0, 4.0, 5.0), False),  # k tokens cost k steps: no draft ever pays
+    ],
+)
+def test_the_gate_decides_whether_forced_drafts_pay(costs, verified: bool) -> None:
+    model = InductionModel(VOCAB, seed=5)
+    automaton = ForcingAutomaton(seed=12)
+    expected = constrained_plain(model, SAMPLINGS["greedy"], automaton, 80)
+    live = automaton.fresh()
+    got = generate(
+        model, PROMPT, 80, source=garbage_source(VOCAB), constraint=live,
+        cost_table=CostTable((1, 2, 3, 4, 5), costs),
+    )  # fmt: skip
+    assert got.token_ids == expected
+    assert live.offered > 20  # the constraint offered forced runs at many steps
+    forced = got.stats.members.get("grammar")
+    assert (forced is not None and forced.verifies > 0) is verified

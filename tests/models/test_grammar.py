@@ -102,6 +102,34 @@ def test_smollm2_constrained_speculation_equals_constrained_plain(smollm2, tempe
 
 
 @pytest.mark.llamacpp
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_smollm2_verifies_the_keys_a_schema_forces(smollm2, temperature) -> None:
+    # A source with nothing to say (no match in the stream, no references): the drafts are
+    # the schema's forced text, the "grammar" member's, and the answer is still plain's.
+    from draftless.sampling import SamplingOptions
+
+    from draftless.text import encode_prompt
+
+    model = smollm2
+    prompt = encode_prompt(model, "Write a record of a French city as JSON.", chat=True)
+    stops = model.eos_token_ids
+    sampling = SamplingOptions(temperature=temperature, seed=5)
+    runs = []
+    for source in (None, SpeculationIndex(model.vocab_size, recycling=False)):
+        grammar = compile_grammar(model, GrammarSpec.json_schema(SCHEMA), stops)
+        runs.append(
+            generate(
+                model, prompt, 150, sampling=sampling, source=source, stop_ids=stops,
+                options=SpecOptions(gate=False, min_draft=1), constraint=grammar,
+            )
+        )  # fmt: skip
+    plain, spec = runs
+    assert spec.token_ids == plain.token_ids
+    forced = spec.stats.members["grammar"]  # the keys, "population", "rivers", at least
+    assert forced.verifies >= 3 and forced.accepted > 0, spec.stats.members
+
+
+@pytest.mark.llamacpp
 def test_no_grammar_writes_a_control_token_as_text(smollm2) -> None:
     model = smollm2
     grammar = compile_grammar(model, GrammarSpec("regex", "(.|\\n){0,200}"), {2})

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from draftless.decoder import SpecOptions, SpeculativeDecoder
+from draftless.decoder import GRAMMAR, SpecOptions, SpeculativeDecoder
 from draftless.errors import UserError
 from draftless.grammar import GrammarError, GrammarSpec, compile_grammar
 from draftless.logprobs import LogprobRecorder, TokenLogprob
@@ -412,6 +412,8 @@ class Engine:
         s = dec.stats
         sources = []
         members = dec.source.members() if isinstance(dec.source, SpeculationIndex) else ()
+        if GRAMMAR in s.members:  # the tokens a response_format's grammar forced
+            members = (*members, GRAMMAR)
         for member in members:
             counts = s.members.get(member, MemberStats())
             name = member
