@@ -107,7 +107,6 @@ def test_smollm2_verifies_the_keys_a_schema_forces(smollm2, temperature) -> None
     # A source with nothing to say (no match in the stream, no references): the drafts are
     # the schema's forced text, the "grammar" member's, and the answer is still plain's.
     from draftless.sampling import SamplingOptions
-
     from draftless.text import encode_prompt
 
     model = smollm2

@@ -358,3 +358,45 @@ def test_a_tool_choice_that_cannot_be_met_is_a_400(servers, body, param, says) -
     assert says in err["message"]
     if param is not None:
         assert err["param"] == param
+
+
+def test_a_forced_call_streams_its_arguments_as_they_are_written(servers) -> None:
+    """Under tool_choice the text can only be calls, so a stream sends the call's name once it
+    is whole and then its arguments piece by piece (a long file's content arrives as it is
+    written, not at the end), joined by the client into the same call; cut by max_tokens, the
+    stream ends "length" with the arguments written so far."""
+    spec, plain = servers
+    ask = [{"role": "user", "content": "Save this note to notes.txt exactly as it is:\n\n" + NOTE}]
+    body = {
+        "messages": ask,
+        "tools": WRITE,
+        "tool_choice": {"type": "function", "function": {"name": "write_file"}},
+        "temperature": 0,
+        "max_tokens": 200,
+    }
+    whole = client(plain).chat.completions.create(model=NAME, **body)
+    assert whole.choices[0].finish_reason == "tool_calls"
+    expected = json.loads(whole.choices[0].message.tool_calls[0].function.arguments)
+    written = {}
+    for server in (spec, plain):
+        for max_tokens in (200, 30):
+            pieces, named, arguments, finish = 0, [], "", None
+            request = {**body, "max_tokens": max_tokens}
+            for chunk in client(server).chat.completions.create(model=NAME, stream=True, **request):
+                choice = chunk.choices[0]
+                assert not choice.delta.content
+                for d in choice.delta.tool_calls or ():
+                    assert d.index == 0
+                    if d.id is not None:
+                        named.append((d.id, d.function.name))
+                    arguments += d.function.arguments or ""
+                    pieces += bool(d.function.arguments)
+                finish = choice.finish_reason or finish
+            assert [name for _, name in named] == ["write_file"] and named[0][0].startswith("call_")
+            written[server.url, max_tokens] = arguments
+            if max_tokens == 30:  # cut inside the content: the arguments so far, as written
+                assert finish == "length" and pieces >= 3
+                assert written[server.url, 200].startswith(arguments)
+            else:
+                assert finish == "tool_calls" and pieces >= 10  # sent as they were written
+                assert json.loads(arguments) == expected

@@ -203,3 +203,63 @@ def test_the_call_grammar_compiles_and_names_only_what_it_may(only, many, tags) 
 def test_a_tool_without_parameters_takes_any_object_as_arguments() -> None:
     text = call_grammar(_offered("ping"), None, False)
     assert '"arguments": {"type": "object"}' in text
+
+
+# -- calls under the call grammar, streamed as written ---------------------------------------
+
+FORCED = [
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris \\"{[\\" }", '
+    '"days": [1, {"a": null}], "ok": true}}\n</tool_call>',
+    '<tool_call>\n{ "name" : "search" ,\n "arguments" :{}}\n</tool_call>\n<tool_call>\n'
+    '{"name": "get_weather", "arguments": {"city": "Lyon\\\\"}}\n</tool_call>',
+    '{"name":"f\\u00e9","arguments":{"n":-1.5e3,"s":"}"}}',
+]
+
+
+def _joined(deltas) -> list[tuple[str, str, str]]:
+    """(id, name, arguments) per call index, from the deltas in order."""
+    calls: dict[int, list[str]] = {}
+    for d in deltas:
+        if d.id is not None:  # the first delta of a call names it, once
+            assert d.index == len(calls) and d.arguments == ""
+            calls[d.index] = [d.id, d.name, ""]
+        else:
+            assert d.index == len(calls) - 1  # pieces of the open call only
+            calls[d.index][2] += d.arguments
+    return [tuple(c) for c in calls.values()]  # type: ignore[misc]
+
+
+@settings(max_examples=200, deadline=None)
+@given(which=st.sampled_from(range(len(FORCED))), cuts=st.lists(st.integers(0, 200), max_size=12))
+def test_forced_calls_stream_as_written_however_the_text_is_cut(which: int, cuts) -> None:
+    from draftless.serve.tools import ForcedCallStream
+
+    text = FORCED[which]
+    bounds = sorted({0, len(text), *(c for c in cuts if c < len(text))})
+    stream = ForcedCallStream()
+    deltas = [d for a, b in itertools.pairwise(bounds) for d in stream.feed(text[a:b])]
+    got = _joined(deltas)
+    calls = parse(text, ["get_weather", "search", "fé"]).calls
+    assert [(name, json.loads(args)) for _, name, args in got] == [
+        (c.name, json.loads(c.arguments)) for c in calls
+    ]
+    for _, _, args in got:  # each call's arguments are the text written, as it was written
+        assert args in text
+    wire = [d.to_wire() for d in deltas]
+    assert all(w["function"].keys() >= {"arguments"} for w in wire)
+    assert [w["function"]["name"] for w in wire if "id" in w] == [c.name for c in calls]
+
+
+@pytest.mark.parametrize("end", range(0, len(FORCED[0]), 7))
+def test_a_forced_call_cut_short_has_sent_a_prefix_of_its_arguments(end: int) -> None:
+    from draftless.serve.tools import ForcedCallStream
+
+    text = FORCED[0]
+    whole = _joined(ForcedCallStream().feed(text))[0][2]
+    got = _joined(ForcedCallStream().feed(text[:end]))
+    assert len(got) <= 1
+    if got:
+        assert whole.startswith(got[0][2])  # never more than was written, never other text
+        assert got[0][1] == "get_weather"
+    else:
+        assert '"arguments":' not in text[:end].replace(" ", "")  # named once it can be

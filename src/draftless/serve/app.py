@@ -30,6 +30,7 @@ from draftless.errors import UserError
 from draftless.sampling import OptionsError
 from draftless.serve import protocol as wire
 from draftless.serve.engine import (
+    CallDeltas,
     Cancelled,
     Engine,
     Finished,
@@ -302,8 +303,11 @@ def create_app(
                         yield chunk(index, item)
                     elif isinstance(item, Piece):
                         yield chunk(index, item.text, logprobs=item.logprobs)
+                    elif isinstance(item, CallDeltas):
+                        deltas = wire.call_deltas_chunk(rid, model_name, item.deltas, index)
+                        yield choice_chunk(deltas)
                     elif isinstance(item, Finished):
-                        if item.tool_calls:
+                        if item.tool_calls and not item.calls_sent:
                             calls = wire.tool_calls_chunk(rid, model_name, item.tool_calls, index)
                             yield choice_chunk(calls)
                         done.append(item)

@@ -46,6 +46,8 @@ from draftless.serve.protocol import ChatRequest, CompletionRequest, RequestErro
 from draftless.serve.tools import (
     HERMES_CLOSE,
     HERMES_OPEN,
+    CallDelta,
+    ForcedCallStream,
     ToolCall,
     ToolCallStream,
     call_grammar,
@@ -83,6 +85,14 @@ class Finished:
     logprobs: dict[str, Any] | None = None
     # the calls in the text (a request with tools); `text` is then the text around them
     tool_calls: tuple[ToolCall, ...] = ()
+    calls_sent: bool = False  # a stream sent them as they were written (`CallDeltas`)
+
+
+@dataclass(frozen=True, slots=True)
+class CallDeltas:
+    """Streamed pieces of tool calls (a forced call's name, then its arguments as written)."""
+
+    deltas: tuple[CallDelta, ...]
 
 
 class Cancelled(Exception):
@@ -277,12 +287,22 @@ class Engine:
         room = self.n_ctx - (len(ids) - 1) if self.n_ctx is not None else NO_LIMIT
         limit = min(p.token_limit or room, room)  # never a forward past the context's end
         shown: list[str] = []
-        calls = ToolCallStream(tool_names) if tools is not None and job.stream else None
+        forced = isinstance(p, ChatRequest) and p.required_call[0]
+        calls: ToolCallStream | ForcedCallStream | None = None
+        if tools is not None and job.stream:
+            calls = ToolCallStream(tool_names)
+        if calls is not None and forced:  # nothing but calls: each is sent as it is written
+            calls = ForcedCallStream()
         top = p.logprob_top
         logprobs = None if top is None else _Logprobs(p, LogprobRecorder(dec, top), tok, len(ids))
 
         def show(piece: str) -> None:
             shown.append(piece)
+            if isinstance(calls, ForcedCallStream):
+                deltas = calls.feed(piece)
+                if deltas:
+                    job.send(CallDeltas(tuple(deltas)))
+                return
             if calls is not None:  # text that may open a tool call waits for the end
                 piece = calls.feed(piece)
             if job.stream and piece:
@@ -330,21 +350,25 @@ class Engine:
         self._record(len(ids), reused, len(tokens), stats["edits"])
         finish = "length" if reason in ("length", "context") else "stop"
         found: tuple[ToolCall, ...] = ()
-        if calls is not None:  # streamed: what the stream held back, then the calls
+        sent_calls = isinstance(calls, ForcedCallStream) and calls.calls > 0
+        if isinstance(calls, ForcedCallStream):  # streamed call by call, as written
+            found = parse_tool_calls(text, tool_names).calls
+            text = ""
+        elif calls is not None:  # streamed: what the stream held back, then the calls
             held, found = calls.finish()
             if held:
                 job.send(held)  # its log probabilities come with the last chunk
         elif tools is not None:
             parsed = parse_tool_calls(text, tool_names)
             text, found = parsed.content or "", parsed.calls
-        if found:
+        if found and finish != "length":  # a run cut by the limit says so, calls or not
             finish = "tool_calls"
         # a stop id ends the run but is no text: it has no log probability to show
         shown_tokens = len(tokens) - (reason == "stop")
         rest = None
         if logprobs is not None:
             rest = logprobs.next(shown_tokens, whole=not job.stream)
-        return Finished(text, finish, len(ids), len(tokens), stats, rest, found)
+        return Finished(text, finish, len(ids), len(tokens), stats, rest, found, sent_calls)
 
     def _call_grammar(
         self, p: ChatRequest, ids: Sequence[int], other: GrammarSpec | None

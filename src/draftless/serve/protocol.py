@@ -30,7 +30,7 @@ from draftless.grammar import GrammarSpec
 from draftless.logprobs import MAX_TOP, TokenLogprob
 from draftless.models.base import Tokenizer
 from draftless.sampling import MAX_BIAS, SamplingOptions
-from draftless.serve.tools import ToolCall
+from draftless.serve.tools import CallDelta, ToolCall
 
 MAX_STOPS = 16  # stop sequences per request
 MAX_REQUEST_REFERENCES = 4  # `references` documents per request
@@ -740,6 +740,15 @@ def tool_calls_chunk(
     """A streamed chat chunk that carries a choice's tool calls, each whole (a client joins
     the `arguments` of deltas with the same call index, so one delta per call is a stream)."""
     delta = {"tool_calls": [c.to_wire(i) for i, c in enumerate(calls)]}
+    choice = {"delta": delta, "finish_reason": None, "logprobs": None}
+    return _body("chat.completion.chunk", rid, model, choice, index)
+
+
+def call_deltas_chunk(
+    rid: str, model: str, deltas: Sequence[CallDelta], index: int = 0
+) -> dict[str, Any]:
+    """A streamed chat chunk with pieces of tool calls as they are written."""
+    delta = {"tool_calls": [d.to_wire() for d in deltas]}
     choice = {"delta": delta, "finish_reason": None, "logprobs": None}
     return _body("chat.completion.chunk", rid, model, choice, index)
 

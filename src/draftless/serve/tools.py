@@ -26,7 +26,9 @@ the decoder follows (draftless.grammar), so the answer is a call, and a whole on
 
 Streaming: `ToolCallStream` passes content through as it comes and holds back only from the
 first place where a call could begin to the end, parsing that at the end of the run; the
-content it sends plus what `finish` returns is what `parse` makes of the whole text.
+content it sends plus what `finish` returns is what `parse` makes of the whole text. Under
+`call_grammar` the text can only be calls, so `ForcedCallStream` sends each call as it is
+written: its name once the name is whole, then its arguments piece by piece.
 """
 
 from __future__ import annotations
@@ -287,3 +289,96 @@ class ToolCallStream:
         if calls and self.sent == 0 and not content.strip(_WS):
             content = ""
         return content, calls
+
+
+# A call's head under `call_grammar`: the object's opening, its name, the arguments' key.
+_HEAD = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
+
+
+@dataclass(frozen=True, slots=True)
+class CallDelta:
+    """A piece of a streamed call: the first names it (`id`, `name`), the rest add to its
+    `arguments` (OpenAI's streamed shape: a client joins the arguments of one index)."""
+
+    index: int
+    arguments: str
+    id: str | None = None
+    name: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        function: dict[str, Any] = {"arguments": self.arguments}
+        if self.id is None:
+            return {"index": self.index, "function": function}
+        function = {"name": self.name, **function}
+        return {"index": self.index, "id": self.id, "type": "function", "function": function}
+
+
+class ForcedCallStream:
+    """The calls of a text that `call_grammar` holds to (so nothing but calls: tags, JSON
+    objects, the newlines between them), sent as they are written. `feed` each decoded piece
+    and send the deltas it returns. A call's arguments are the JSON text the model writes,
+    up to where its value ends; if the run stops inside them (the token limit), what was
+    written is what the client has, as in OpenAI's streams."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.calls = 0  # calls named so far
+        self._at = 0  # where the next call's head may start
+        self._args: int | None = None  # where the open call's arguments go on from
+        self._depth = 0  # brackets open in those arguments
+        self._begun = False  # their value's first character has come
+        self._in_string = False
+        self._escaped = False
+
+    def feed(self, piece: str) -> list[CallDelta]:
+        self.text += piece
+        out: list[CallDelta] = []
+        while True:
+            if self._args is None:
+                head = _HEAD.search(self.text, self._at)
+                if head is None:
+                    return out
+                name = json.loads(f'"{head[1]}"')
+                out.append(CallDelta(self.calls, "", f"call_{uuid.uuid4().hex[:24]}", name))
+                self.calls += 1
+                self._args, self._begun = head.end(), False
+            start = self._args
+            end, whole = self._scan(start)
+            if end > start:
+                out.append(CallDelta(self.calls - 1, self.text[start:end]))
+            if not whole:
+                self._args = end  # the value goes on in the next piece
+                return out
+            self._args, self._at = None, end  # the next call's head, if any
+
+    def _scan(self, i: int) -> tuple[int, bool]:
+        """(how far the arguments' value goes in the text, whether it ends there),
+        following strings and brackets from `i`."""
+        text = self.text
+        while i < len(text):
+            c = text[i]
+            i += 1
+            if self._in_string:
+                if self._escaped:
+                    self._escaped = False
+                elif c == "\\":
+                    self._escaped = True
+                elif c == '"':
+                    self._in_string = False
+                    if self._depth == 0:
+                        return i, True
+                continue
+            if not self._begun and c in _WS:
+                continue
+            if self._depth == 0 and self._begun and (c in _WS or c in ",}"):
+                return i - 1, True  # a number, true, false or null ends before this
+            self._begun = True
+            if c == '"':
+                self._in_string = True
+            elif c in "{[":
+                self._depth += 1
+            elif c in "}]":
+                self._depth -= 1
+                if self._depth == 0:
+                    return i, True
+        return i, False
