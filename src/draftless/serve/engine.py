@@ -287,12 +287,10 @@ class Engine:
         room = self.n_ctx - (len(ids) - 1) if self.n_ctx is not None else NO_LIMIT
         limit = min(p.token_limit or room, room)  # never a forward past the context's end
         shown: list[str] = []
-        forced = isinstance(p, ChatRequest) and p.required_call[0]
         calls: ToolCallStream | ForcedCallStream | None = None
-        if tools is not None and job.stream:
-            calls = ToolCallStream(tool_names)
-        if calls is not None and forced:  # nothing but calls: each is sent as it is written
-            calls = ForcedCallStream()
+        if tools is not None and job.stream:  # a forced answer is nothing but calls: each
+            forced = isinstance(p, ChatRequest) and p.required_call[0]  # sent as written
+            calls = ForcedCallStream() if forced else ToolCallStream(tool_names)
         top = p.logprob_top
         logprobs = None if top is None else _Logprobs(p, LogprobRecorder(dec, top), tok, len(ids))
 
@@ -350,8 +348,9 @@ class Engine:
         self._record(len(ids), reused, len(tokens), stats["edits"])
         finish = "length" if reason in ("length", "context") else "stop"
         found: tuple[ToolCall, ...] = ()
-        sent_calls = isinstance(calls, ForcedCallStream) and calls.calls > 0
+        sent_calls = False
         if isinstance(calls, ForcedCallStream):  # streamed call by call, as written
+            sent_calls = calls.calls > 0
             found = parse_tool_calls(text, tool_names).calls
             text = ""
         elif calls is not None:  # streamed: what the stream held back, then the calls

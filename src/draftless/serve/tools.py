@@ -47,11 +47,16 @@ _MAY_OPEN = re.compile("[`<{]")  # the first character of every opening
 _DECODER = json.JSONDecoder()
 
 
+def new_call_id() -> str:
+    """A call's id in OpenAI's shape: "call_" and 24 hex digits."""
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
 @dataclass(frozen=True, slots=True)
 class ToolCall:
     name: str
     arguments: str  # a JSON text, as OpenAI sends it
-    id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
+    id: str = field(default_factory=new_call_id)
 
     def to_wire(self, index: int | None = None) -> dict[str, Any]:
         """OpenAI's shape: {"id", "type": "function", "function": {"name", "arguments"}};
@@ -339,7 +344,7 @@ class ForcedCallStream:
                 if head is None:
                     return out
                 name = json.loads(f'"{head[1]}"')
-                out.append(CallDelta(self.calls, "", f"call_{uuid.uuid4().hex[:24]}", name))
+                out.append(CallDelta(self.calls, "", new_call_id(), name))
                 self.calls += 1
                 self._args, self._begun = head.end(), False
             start = self._args
