@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from draftless.constraint import Constraint, Forcing
+from draftless.constraint import Constraint, Forcing, Triggered
 from draftless.costs import CostTable
 from draftless.decoder import SpecOptions, SpeculativeDecoder
 from draftless.decoder import generate as timed_generate
@@ -181,10 +181,12 @@ def _states(automaton: Automaton, tokens: Sequence[int]) -> list[int]:
     n=st.integers(1, 60),
     forcing=st.sampled_from([None, 0.3, 0.8]),
     misleading=st.booleans(),
+    trigger=st.one_of(st.none(), st.integers(0, VOCAB - 1)),
 )
 def test_random_sources_never_change_the_constrained_stream(
-    model_seed, grammar_seed, source_seed, temperature, density, max_draft, n, forcing, misleading
-):
+    model_seed, grammar_seed, source_seed, temperature, density, max_draft, n, forcing,
+    misleading, trigger,
+):  # fmt: skip
     model = InductionModel(VOCAB, seed=model_seed)
     automaton = (
         Automaton(grammar_seed, density=density)
@@ -192,7 +194,11 @@ def test_random_sources_never_change_the_constrained_stream(
         else ForcingAutomaton(grammar_seed, forcing, misleading, density=density)
     )
     sampling = SamplingOptions(temperature=temperature, top_p=0.9, seed=model_seed)
-    expected = constrained_plain(model, sampling, automaton, n)
+
+    def fresh():  # the automaton, or the automaton from a trigger token on
+        return automaton.fresh() if trigger is None else Triggered(automaton.fresh(), trigger)
+
+    expected = generate(model, PROMPT, n, sampling=sampling, constraint=fresh()).token_ids
     got = generate(
         model,
         PROMPT,
@@ -200,10 +206,14 @@ def test_random_sources_never_change_the_constrained_stream(
         sampling=sampling,
         source=random_source(VOCAB, source_seed),
         options=SpecOptions(gate=False, max_draft=max_draft, min_draft=1),
-        constraint=automaton.fresh(),
+        constraint=fresh(),
     )
     assert got.token_ids == expected
-    assert automaton.accepts(got.token_ids)
+    held = got.token_ids
+    if trigger is not None:  # held from the trigger on, if the automaton takes it
+        held = held[held.index(trigger) :] if trigger in held else []
+        held = held if automaton.accepts(held[:1]) else []
+    assert automaton.accepts(held)
 
 
 def test_no_draft_token_the_constraint_refuses_reaches_the_model() -> None:
@@ -370,3 +380,207 @@ def test_the_gate_decides_whether_forced_drafts_pay(costs, verified: bool) -> No
     assert live.offered > 20  # the constraint offered forced runs at many steps
     forced = got.stats.members.get("grammar")
     assert (forced is not None and forced.verifies > 0) is verified
+
+
+# -- a constraint held back until the model opens what it holds (auto tool calls) ----------
+
+
+def _triggered_case(model_seed: int, sampling: SamplingOptions, n: int = 80):
+    """(model, automaton, trigger, free run): the trigger is a token the free run writes a
+    few tokens in (the automaton starts with it), so the constraint takes over mid-answer."""
+    model = InductionModel(VOCAB, seed=model_seed)
+    free = generate(model, PROMPT, n, sampling=sampling).token_ids
+    return model, _taking(ForcingAutomaton(seed=12, forcing=0.4), free[5:6]), free[5], free
+
+
+def _taking(automaton: Automaton, tokens: Sequence[int]) -> Automaton:
+    """`automaton` changed so that it takes `tokens` from its start."""
+    state = 0
+    for t in tokens:
+        if automaton.next[state, t] < 0:
+            automaton.next[state, t] = (state + 1) % automaton.next.shape[0]
+        state = automaton.next[state, t]
+    return automaton
+
+
+def _opens(prefix: Sequence[int]):
+    """An `opens` that says yes to `prefix`, maybe to its proper prefixes, no to the rest."""
+    prefix = list(prefix)
+
+    def opens(tokens: Sequence[int]) -> bool | None:
+        tokens = list(tokens)
+        if tokens == prefix:
+            return True
+        return None if tokens == prefix[: len(tokens)] else False
+
+    return opens
+
+
+def test_a_triggered_constraint_is_a_forcing_constraint() -> None:
+    live = Triggered(ForcingAutomaton(0), token=7)
+    assert isinstance(live, Forcing) and live.allowed() is None and live.forced() == []
+
+
+@pytest.mark.parametrize("kind", ["perfect", "garbage", "alternating", "random"])
+@pytest.mark.parametrize("name", list(SAMPLINGS))
+def test_speculation_under_a_triggered_constraint_equals_plain_under_it(kind, name) -> None:
+    sampling = SAMPLINGS[name]
+    model, automaton, trigger, free = _triggered_case(5, sampling)
+    at = free.index(trigger)
+    plain_live = Triggered(automaton.fresh(), token=trigger)
+    expected = generate(model, PROMPT, 80, sampling=sampling, constraint=plain_live).token_ids
+    # free up to the trigger; from it the automaton's, which changed the rest
+    assert expected[: at + 1] == free[: at + 1] and plain_live.opened_at == at
+    assert automaton.accepts(expected[at:]) and not automaton.accepts(free[at:])
+    live = Triggered(automaton.fresh(), token=trigger)
+    got = generate(
+        model, PROMPT, 80, sampling=sampling, source=sources(PROMPT + expected)[kind],
+        options=ALWAYS, constraint=live,
+    )  # fmt: skip
+    assert got.token_ids == expected
+    assert live.opened_at == at and live.consumed == 80
+    assert live.then.stack == [0, *_states(automaton, expected[at:])]
+    if kind == "perfect":  # drafts ran across the trigger and were all accepted
+        assert got.stats.accepted == got.stats.drafted > 60
+    if kind == "garbage":  # once it holds, what the automaton forces is drafted
+        forced = got.stats.members["grammar"]
+        assert forced.accepted == forced.drafted > 5
+
+
+@pytest.mark.parametrize("name", list(SAMPLINGS))
+def test_a_constraint_the_first_tokens_open_holds_the_whole_text(name: str) -> None:
+    sampling = SAMPLINGS[name]
+    model, automaton, _, free = _triggered_case(5, sampling)
+    _taking(automaton, free[:3])
+    results = []
+    for source in (None, garbage_source(VOCAB), perfect_source(PROMPT + free)):
+        live = Triggered(automaton.fresh(), opens=_opens(free[:3]))
+        results.append(generate(
+            model, PROMPT, 80, sampling=sampling, source=source, options=ALWAYS, constraint=live,
+        ).token_ids)  # fmt: skip
+        assert live.opened_at == 0 and live.then.stack == [0, *_states(automaton, results[-1])]
+    assert results[0] == results[1] == results[2]
+    assert results[0][:3] == free[:3] and results[0] != free and automaton.accepts(results[0])
+
+
+def test_a_way_in_the_constraint_refuses_holds_nothing() -> None:
+    model, automaton, trigger, free = _triggered_case(5, SAMPLINGS["greedy"])
+    automaton.next[0, free[0]] = -1  # it cannot start with what the model writes
+    automaton.next[0, trigger] = -1
+    for live in (
+        Triggered(automaton.fresh(), opens=_opens(free[:3])),
+        Triggered(automaton.fresh(), token=trigger),
+    ):
+        got = generate(model, PROMPT, 80, source=garbage_source(VOCAB), options=ALWAYS,
+                       constraint=live)  # fmt: skip
+        assert got.token_ids == free and live.opened_at is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    seed=st.integers(0, 1000),
+    tokens=st.lists(st.integers(0, 7), max_size=14),
+    prefix=st.lists(st.integers(0, 7), min_size=1, max_size=3),
+    token=st.one_of(st.none(), st.integers(0, 7)),
+    consumed=st.integers(0, 14),
+)
+def test_valid_prefix_is_what_consuming_one_by_one_allows(seed, tokens, prefix, token, consumed):
+    automaton = Automaton(seed, density=0.6, vocab=8)
+    if seed % 2:
+        _taking(automaton, prefix)
+    live = Triggered(automaton.fresh(), token=token, opens=_opens(prefix), window=4)
+    for t in tokens[:consumed]:  # some consumed first, as the stream goes
+        allowed = live.allowed()
+        if allowed is not None and not allowed[t]:
+            break
+        live.consume(t)
+    rest = tokens[len(live.tokens) :]
+    said = live.valid_prefix(rest)
+    state = (list(live.tokens), live.opened_at)
+    walked = 0
+    for t in rest:
+        allowed = live.allowed()
+        if allowed is not None and not allowed[t]:
+            break
+        live.consume(t)
+        walked += 1
+    assert said == walked
+    live.rollback(walked)  # and back to where it stood
+    assert (live.tokens, live.opened_at) == state
+    assert live.valid_prefix(rest) == said
+
+
+def test_rolling_back_over_the_way_in_lets_the_constraint_go() -> None:
+    automaton = Automaton(seed=4, density=0.9)
+    live = Triggered(automaton.fresh(), token=9)
+    for t in (1, 2, 9):
+        live.consume(t)
+    after = []
+    for _ in range(4):
+        t = int(np.nonzero(live.allowed())[0][-1])
+        live.consume(t)
+        after.append(t)
+    assert live.opened_at == 2 and live.then.stack[1:] == _states(automaton, [9, *after])
+    live.rollback(3)
+    assert live.opened_at == 2 and live.then.stack[1:] == _states(automaton, [9, *after[:1]])
+    live.rollback(2)  # the trigger and the one token after it
+    assert live.opened_at is None and live.then.stack == [0] and live.allowed() is None
+    assert live.consumed == 2
+    with pytest.raises(ValueError):
+        live.rollback(3)
+
+
+def test_rolling_back_before_a_no_asks_again() -> None:
+    automaton = _taking(Automaton(seed=4), [5, 6])
+    live = Triggered(automaton.fresh(), opens=_opens([5, 6]))
+    for t in (5, 7):  # [5, 7] cannot open: no more asking
+        live.consume(t)
+    live.consume(6)
+    assert live.opened_at is None
+    live.rollback(2)
+    live.consume(6)  # [5, 6] opens
+    assert live.opened_at == 0 and live.then.stack[1:] == _states(automaton, [5, 6])
+
+
+def test_a_failed_step_across_the_trigger_is_taken_back_and_resumed_exactly() -> None:
+    sampling = SAMPLINGS["sampled"]
+    model, automaton, trigger, free = _triggered_case(6, sampling, 40)
+    at = free.index(trigger)
+    expected = generate(
+        model, PROMPT, 40, sampling=sampling, constraint=Triggered(automaton.fresh(), token=trigger)
+    ).token_ids
+    for fail_at_row in range(at - 1, at + 4):  # interrupts just before, at and after it
+        live = Triggered(automaton.fresh(), token=trigger)
+
+        def hook(position: int, row: np.ndarray, fail=fail_at_row) -> None:
+            if position - len(PROMPT) == fail:
+                raise KeyboardInterrupt
+
+        dec = SpeculativeDecoder(
+            model, sampling=sampling, source=perfect_source(PROMPT + expected), options=ALWAYS,
+            verify_row_hook=hook, constraint=live,
+        )  # fmt: skip
+        dec.append(PROMPT)
+        with pytest.raises(KeyboardInterrupt):
+            dec.generate(40)
+        done = dec.history[len(PROMPT) :]
+        assert live.consumed == len(done)
+        assert live.opened_at == (at if at < len(done) else None)
+        dec.hook = None
+        dec.generate(40 - len(done))
+        assert dec.history[len(PROMPT) :] == expected
+
+
+def test_a_trigger_after_an_opening_so_far_is_held_with_it() -> None:
+    # "```json\n" then `<tool_call>`: the constraint holds from the fence, which it takes
+    automaton = _taking(_taking(Automaton(seed=4, density=0.2), [5, 9]), [9])
+    live = Triggered(automaton.fresh(), token=9, opens=_opens([5, 9, 6]))
+    assert live.valid_prefix([5, 9]) == 2
+    live.consume(5)
+    assert live.opened_at is None
+    live.consume(9)
+    assert live.opened_at == 0 and live.then.stack[1:] == _states(automaton, [5, 9])
+    elsewhere = Triggered(automaton.fresh(), token=9, opens=_opens([6, 9]))
+    for t in (5, 9):  # after text that opens nothing, from the trigger
+        elsewhere.consume(t)
+    assert elsewhere.opened_at == 1 and elsewhere.then.stack[1:] == _states(automaton, [9])
