@@ -213,3 +213,59 @@ def test_a_grammar_that_cannot_go_on_is_a_user_error_in_one_line() -> None:
         grammar.allowed()
     with pytest.raises(UserError, match="refused token 3"):
         grammar.consume(3)
+
+
+@pytest.mark.llamacpp
+@pytest.mark.parametrize(
+    ("text", "whole"),
+    [
+        ('{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}', True),
+        (
+            '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Oslo"\n  }\n}'
+            "\n```",
+            True,
+        ),
+        ('\n<tool_call>\n{"name": "read_file", "arguments": {"path": "a.py"}}\n</tool_call>', True),
+        (
+            '```\n<tool_call>\n{"name": "read_file", "arguments": {"path": "a.py"}}\n'
+            "</tool_call>\n```",
+            True,
+        ),
+        (
+            '{"name": "read_file", "arguments": {"path": "a"}}\n'
+            '{"name": "read_file", "arguments": {"path": "b"}}',
+            True,
+        ),
+        ('{"name": "delete_file", "arguments": {"path": "a.py"}}', False),  # not offered
+        ('{"name": "get_weather", "arguments": {"city": "Paris", "days": 10}}', False),  # > 7
+        ('{"name": "get_weather", "arguments": {"town": "Paris"}}', False),  # its schema
+        ('{"name": "read_file", "arguments": {"path": "a.py"}} Done.', False),  # calls only
+    ],
+)
+def test_the_auto_call_grammar_takes_every_form_of_a_call_and_only_calls(smollm2, text, whole):
+    """What `tools.auto_call_grammar` holds an answer to once the model opens a call: bare,
+    fenced or tagged calls of the offered tools, by their schemas, and nothing after them."""
+    from draftless.serve.tools import auto_call_grammar
+
+    tools = [
+        {"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "required": ["city"],
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer", "maximum": 7}},
+            "additionalProperties": False,
+        }}},
+        {"type": "function", "function": {"name": "read_file", "parameters": {
+            "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"],
+        }}},
+    ]  # fmt: skip
+    grammar = compile_grammar(
+        smollm2,
+        GrammarSpec("lark", auto_call_grammar(tools, True, (None, None))),
+        smollm2.eos_token_ids,
+    )
+    ids = smollm2.tokenizer.encode(text)
+    taken = grammar.valid_prefix(ids)
+    assert (taken == len(ids)) is whole
+    if whole:  # and the answer may end there
+        for t in ids:
+            grammar.consume(t)
+        assert grammar.allowed()[sorted(smollm2.eos_token_ids)].all()

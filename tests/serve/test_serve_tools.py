@@ -400,3 +400,75 @@ def test_a_forced_call_streams_its_arguments_as_they_are_written(servers) -> Non
             else:
                 assert finish == "tool_calls" and pieces >= 10  # sent as they were written
                 assert json.loads(arguments) == expected
+
+
+BOUNDED = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather forecast for a city",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string"},
+                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                    "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                },
+                "required": ["city", "unit", "days"],
+            },
+        },
+    }
+]
+TOKYO = [{"role": "user", "content": "Give me the weather for Tokyo for 10 days"}]
+
+
+def test_an_auto_call_follows_its_tools_schema_from_where_the_model_opens_it(
+    servers, model
+) -> None:
+    """Under tool_choice "auto" the answer is free until the model opens a call of an offered
+    tool (here a ```json fence and `{"name": "get_weather"`); from there a grammar holds it
+    to the tool's schema, as llama.cpp's lazy grammars do. The model alone writes 10 days,
+    past the schema's maximum of 7; served, the call keeps to it, spec and plain alike."""
+    spec, plain = servers
+    ids = model.tokenizer.apply_chat_template(TOKYO, tools=BOUNDED)
+    alone = httpx.post(  # the same prompt as a completion: no tools, nothing held
+        plain.url + "/v1/completions",
+        json={"prompt": ids, "temperature": 0, "max_tokens": 80},
+        timeout=300,
+    ).json()["choices"][0]["text"]
+    assert '"name": "get_weather"' in alone and '"days": 10' in alone
+    body = {"messages": TOKYO, "tools": BOUNDED, "temperature": 0, "max_tokens": 80}
+    answers = [client(s).chat.completions.create(model=NAME, **body) for s in (spec, plain)]
+    found = [calls(a.choices[0].message) for a in answers]
+    assert found[0] == found[1] and len(found[0]) == 1
+    name, arguments = found[0][0]
+    assert name == "get_weather" and arguments["city"] == "Tokyo"
+    assert arguments["unit"] in ("celsius", "fahrenheit") and 1 <= arguments["days"] <= 7
+    assert answers[0].usage == answers[1].usage
+    for s in (spec, plain):
+        assert streamed(s, **body) == ("", found[0], "tool_calls")
+
+
+def test_an_auto_call_streams_its_arguments_as_they_are_written(servers) -> None:
+    """Once the grammar holds, the text can only be the call: its name is sent once whole,
+    then its arguments piece by piece (a file's content as it is written), as under
+    tool_choice "required"."""
+    spec, plain = servers
+    ask = [{"role": "user", "content": "Save this note to notes.txt exactly as it is:\n\n" + NOTE}]
+    body = {"messages": ask, "tools": WRITE, "temperature": 0, "max_tokens": 200}
+    whole = client(plain).chat.completions.create(model=NAME, **body)
+    assert whole.choices[0].finish_reason == "tool_calls"
+    expected = json.loads(whole.choices[0].message.tool_calls[0].function.arguments)
+    for server in (spec, plain):
+        pieces, named, arguments, content = 0, [], "", ""
+        for chunk in client(server).chat.completions.create(model=NAME, stream=True, **body):
+            content += chunk.choices[0].delta.content or ""
+            for d in chunk.choices[0].delta.tool_calls or ():
+                assert d.index == 0
+                if d.id is not None:
+                    named.append(d.function.name)
+                arguments += d.function.arguments or ""
+                pieces += bool(d.function.arguments)
+        assert content == "" and named == ["write_file"]
+        assert pieces >= 10 and json.loads(arguments) == expected

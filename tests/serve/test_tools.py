@@ -10,7 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from draftless.serve.tools import ToolCallStream, call_grammar, parse
+from draftless.serve.tools import (
+    AutoCallStream,
+    ToolCallStream,
+    auto_call_grammar,
+    call_grammar,
+    opens_call,
+    parse,
+)
 
 NAMES = ("get_weather", "read_file")
 PARIS = {"city": "Paris"}
@@ -263,3 +270,115 @@ def test_a_forced_call_cut_short_has_sent_a_prefix_of_its_arguments(end: int) ->
         assert got[0][1] == "get_weather"
     else:
         assert '"arguments":' not in text[:end].replace(" ", "")  # named once it can be
+
+
+# -- tool_choice "auto": free text, then calls as written from the tag the grammar holds from --
+
+# what the call grammar lets follow the opening tag it holds from (call_grammar(opened=True))
+_OPENED = [
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris \\"{[\\" }"}}\n</tool_call>',
+    '<tool_call>\n{"name": "read_file", "arguments": {"path": "a.py"}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "get_weather", "arguments": {"days": [1, {"a": null}]}}\n</tool_call>',
+]
+
+
+def _streamed(text: str, at: int | None, told: int, cuts: list[int]):
+    """(content sent, (name, arguments) of the calls sent or finished, deltas) of `text` fed
+    in pieces cut at `cuts`, told before the piece that starts at `told` that the tag is at
+    `at`."""
+    bounds = sorted({0, len(text), *(c for c in cuts if c < len(text))})
+    stream = AutoCallStream(NAMES)
+    content, deltas = "", []
+    for a, b in itertools.pairwise(bounds):
+        if at is not None and (a >= told or b > at) and not stream.told:
+            stream.open_at(at)
+        piece, more = stream.feed(text[a:b])
+        content, deltas = content + piece, deltas + more
+    rest, finished = stream.finish()
+    assert not (deltas and finished)  # sent as written, or whole at the end
+    calls = [(name, json.loads(args)) for _, name, args in _joined(deltas)]
+    return content + rest, calls + [(c.name, json.loads(c.arguments)) for c in finished], deltas
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    before=_TEXT,
+    which=st.sampled_from(range(len(_OPENED))),
+    told=st.integers(0, 400),
+    cuts=st.lists(st.integers(0, 400), max_size=12),
+)
+def test_an_auto_stream_sends_the_whole_texts_content_and_calls(before, which, told, cuts):
+    text = before + _OPENED[which]
+    at = len(before)
+    whole = parse(text, NAMES)
+    content, calls, deltas = _streamed(text, at, min(told, at), cuts)
+    assert content == (whole.content or "")
+    assert calls == [(c.name, json.loads(c.arguments)) for c in whole.calls]
+    opened = parse(_OPENED[which], NAMES).calls
+    streamed = _joined(deltas)[-len(opened) :]  # the calls the grammar held, as written
+    assert [(name, json.loads(a)) for _, name, a in streamed] == [
+        (c.name, json.loads(c.arguments)) for c in opened
+    ]
+    assert all(a in text for _, _, a in streamed)
+
+
+@pytest.mark.parametrize("at", [0, 3, 30])
+def test_an_auto_stream_told_a_place_that_is_not_the_tag_parses_at_the_end(at: int) -> None:
+    text = "Sure." + _OPENED[0]  # the tag is at 5
+    content, calls, deltas = _streamed(text, at, 0, [2, 9, 20])
+    assert not deltas and content == "Sure."
+    assert calls == [("get_weather", json.loads(parse(text, NAMES).calls[0].arguments))]
+
+
+def test_a_call_written_before_the_tag_is_sent_whole_and_first() -> None:
+    bare = '{"name": "get_weather", "arguments": {"city": "Oslo"}}'
+    text = "Two calls.\n" + bare + "\n" + _OPENED[1]
+    content, calls, deltas = _streamed(text, len(text) - len(_OPENED[1]), 0, [4, 40, 90])
+    assert content == "Two calls."
+    assert [name for name, _ in calls] == ["get_weather", "read_file", "get_weather"]
+    assert [d.index for d in deltas if d.id is not None] == [0, 1, 2]
+
+
+def test_a_fence_the_tag_goes_on_with_is_part_of_the_call() -> None:
+    text = "Here:\n```json\n" + _OPENED[0]
+    content, calls, _ = _streamed(text, text.index("<tool_call>"), 0, [3, 8, 12, 30])
+    assert content == "Here:" == parse(text, NAMES).content
+    assert [name for name, _ in calls] == ["get_weather"]
+
+
+@pytest.mark.parametrize(
+    ("text", "opens"),
+    [
+        ("", None),
+        (" \n", None),
+        ("Sure", False),
+        ("{", None),
+        ('{"na', None),
+        ('{"name"', None),
+        ('{"name" :', None),
+        ('{"name": "get_w', None),
+        ('{"name": "get_weather"', True),
+        ('\n```json\n{\n  "name": "read_file"', True),
+        ('<tool_call>\n{"name": "get_weather", "arg', True),
+        ('{"name": "nope"', False),
+        ('{"name": "get_weather2', False),
+        ('{"name": 3', False),
+        ('{"city": "Paris"}', False),
+        ("```python\n", False),
+        ('Call: {"name": "get_weather"', False),  # after text: only the tag opens
+    ],
+)
+def test_an_answer_opens_a_call_once_it_names_an_offered_tool(text: str, opens) -> None:
+    assert opens_call(text, NAMES) is opens
+
+
+def test_the_auto_call_grammar_compiles_with_tags_by_id_or_as_text() -> None:
+    llguidance = pytest.importorskip("llguidance")
+    tools = _offered("a", "b", parameters={"type": "object", "properties": {"x": {}}})
+    for many, tags in ((True, (151657, 151658)), (False, (None, None))):
+        text = auto_call_grammar(tools, many, tags)
+        bad, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
+            llguidance.LLMatcher.grammar_from_lark(text)
+        )
+        assert not bad, messages
+        assert ("(WS call)*" in text) == many and ("<[151657]>" in text) == (tags[0] is not None)

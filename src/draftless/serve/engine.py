@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from draftless.constraint import Constraint, Triggered
 from draftless.decoder import GRAMMAR, SpecOptions, SpeculativeDecoder
 from draftless.errors import UserError
 from draftless.grammar import GrammarError, GrammarSpec, compile_grammar
@@ -46,11 +47,13 @@ from draftless.serve.protocol import ChatRequest, CompletionRequest, RequestErro
 from draftless.serve.tools import (
     HERMES_CLOSE,
     HERMES_OPEN,
+    AutoCallStream,
     CallDelta,
     ForcedCallStream,
     ToolCall,
-    ToolCallStream,
+    auto_call_grammar,
     call_grammar,
+    opens_call,
 )
 from draftless.serve.tools import parse as parse_tool_calls
 from draftless.sources.cascade import SpeculationIndex
@@ -251,7 +254,7 @@ class Engine:
                     param,
                 )
         eos = model.eos_token_ids | stop_ids
-        constraint = None
+        constraint: Constraint | None = None
         spec, param = p.grammar_spec, "grammar" if p.grammar is not None else "response_format"
         if isinstance(p, ChatRequest) and p.required_call[0]:
             spec, param = self._call_grammar(p, ids, spec), "tools"
@@ -260,6 +263,8 @@ class Engine:
                 constraint = compile_grammar(model, spec, eos)
             except GrammarError as err:
                 raise RequestError(str(err), param) from None
+        elif isinstance(p, ChatRequest) and tools is not None:  # "auto": a call's grammar
+            constraint = self._auto_call_grammar(p, ids, eos)  # holds once the model opens one
         source, names = self._source(p.references or [], views) if self.spec else (None, [])
         started = time.perf_counter()
 
@@ -287,10 +292,11 @@ class Engine:
         room = self.n_ctx - (len(ids) - 1) if self.n_ctx is not None else NO_LIMIT
         limit = min(p.token_limit or room, room)  # never a forward past the context's end
         shown: list[str] = []
-        calls: ToolCallStream | ForcedCallStream | None = None
+        calls: AutoCallStream | ForcedCallStream | None = None
         if tools is not None and job.stream:  # a forced answer is nothing but calls: each
             forced = isinstance(p, ChatRequest) and p.required_call[0]  # sent as written
-            calls = ForcedCallStream() if forced else ToolCallStream(tool_names)
+            calls = ForcedCallStream() if forced else AutoCallStream(tool_names)
+        opened = constraint if isinstance(constraint, Triggered) else None
         top = p.logprob_top
         logprobs = None if top is None else _Logprobs(p, LogprobRecorder(dec, top), tok, len(ids))
 
@@ -301,8 +307,14 @@ class Engine:
                 if deltas:
                     job.send(CallDeltas(tuple(deltas)))
                 return
-            if calls is not None:  # text that may open a tool call waits for the end
-                piece = calls.feed(piece)
+            if calls is not None:  # text that may open a tool call waits for the end; from
+                # where the calls' grammar holds, calls go as they are written
+                if opened is not None and opened.opened_at is not None and not calls.told:
+                    before = dec.history[len(ids) : len(ids) + opened.opened_at]
+                    calls.open_at(len(tok.decode(before, skip_special=True)))
+                piece, deltas = calls.feed(piece)
+                if deltas:
+                    job.send(CallDeltas(tuple(deltas)))
             if job.stream and piece:
                 job.send(piece if logprobs is None else Piece(piece, logprobs.next()))
 
@@ -357,6 +369,9 @@ class Engine:
             held, found = calls.finish()
             if held:
                 job.send(held)  # its log probabilities come with the last chunk
+            if calls.calls is not None:  # from the opening tag on, sent as written
+                sent_calls = calls.sent_calls
+                found = parse_tool_calls(text, tool_names).calls
         elif tools is not None:
             parsed = parse_tool_calls(text, tool_names)
             text, found = parsed.content or "", parsed.calls
@@ -392,6 +407,32 @@ class Engine:
         tags = tuple(self._one_token(tag) for tag in (HERMES_OPEN, HERMES_CLOSE))
         grammar = call_grammar(p.offered_tools or [], only, many, (tags[0], tags[1]))
         return GrammarSpec("lark", grammar)
+
+    def _auto_call_grammar(
+        self, p: ChatRequest, ids: Sequence[int], eos: frozenset[int]
+    ) -> Triggered | None:
+        """Under tool_choice "auto", the grammar of calls (`tools.auto_call_grammar`) from where
+        the model opens one (as llama.cpp's lazy grammars): it writes `<tool_call>`, or its
+        answer begins with a call of one of the request's tools (`{"name": "get_weather"`,
+        bare or in a fence). Before that the answer is free text; after it, whole calls.
+        None where the template asks for no Hermes calls, or a tool's schema is one the
+        grammar engine cannot compile (calls are then parsed as written, as before)."""
+        tok = self.model.tokenizer
+        if HERMES_OPEN not in tok.decode(ids):
+            return None
+        tags = (self._one_token(HERMES_OPEN), self._one_token(HERMES_CLOSE))
+        many = p.parallel_tool_calls is not False
+        grammar = auto_call_grammar(p.offered_tools or [], many, tags)
+        try:
+            then = compile_grammar(self.model, GrammarSpec("lark", grammar), eos)
+        except GrammarError:
+            return None
+        names = frozenset(p.tool_names)
+
+        def opens(tokens: Sequence[int]) -> bool | None:
+            return opens_call(tok.decode(tokens, skip_special=True), names)
+
+        return Triggered(then, tags[0], opens)
 
     def _one_token(self, text: str) -> int | None:
         """The id of the one token that spells `text`, if the vocabulary has one."""

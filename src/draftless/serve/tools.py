@@ -45,6 +45,14 @@ _LANGS = ("json", "xml")  # a fence's language
 _WS = " \t\r\n"
 _MAY_OPEN = re.compile("[`<{]")  # the first character of every opening
 _DECODER = json.JSONDecoder()
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
+def _blank(s: str, i: int) -> int:
+    """The first position from i that is not whitespace."""
+    while i < len(s) and s[i] in _WS:
+        i += 1
+    return i
 
 
 def new_call_id() -> str:
@@ -224,6 +232,50 @@ def call_grammar(
     ids of the opening and closing tag where the vocabulary has them as one token (Qwen
     2.5's), which the grammar then names by id (`<[id]>`): a grammar engine reads such an
     added token as special, not as the text it spells."""
+    opening, closing = _tags(tags)
+    return "\n".join(
+        [
+            'start: call ("\\n" call)*' if many else "start: call",
+            f'call: {opening} "\\n" body "\\n" {closing}',
+            f"body: %json {json.dumps(_body(tools, only))}",
+        ]
+    )
+
+
+def auto_call_grammar(
+    tools: Sequence[Mapping[str, Any]], many: bool, tags: tuple[int | None, int | None]
+) -> str:
+    """A Lark grammar of an answer that is a call (`many`: calls) of `tools` in the forms the
+    parser takes and Hermes-family models write under tool_choice "auto": the JSON object
+    bare, in a ``` fence, or between the tags, with whitespace around. It holds from where
+    the model opens a call (`constraint.Triggered` with `opens_call`, as llama.cpp's lazy
+    grammars): the call is then whole, of a tool the request offers, as its schema says."""
+    opening, closing = _tags(tags)
+    return "\n".join(
+        [
+            f"start: WS call {'(WS call)* ' if many else ''}WS",
+            "call: fenced | tagged | body",
+            'fenced: "```" LANG /[ \\t]*\\n/ WS (tagged | body) WS "```"',
+            'LANG: "json" | "xml" | ""',
+            f"tagged: {opening} WS body WS {closing}",
+            "WS: /[ \\t\\r\\n]*/",
+            f"body: %json {json.dumps(_body(tools, None))}",
+        ]
+    )
+
+
+def _tags(tags: tuple[int | None, int | None]) -> tuple[str, str]:
+    """The opening and closing tag in a grammar: by id where the vocabulary has one token."""
+    opening, closing = (
+        f'"{text}"' if tag is None else f"<[{tag}]>"
+        for tag, text in zip(tags, (HERMES_OPEN, HERMES_CLOSE), strict=True)
+    )
+    return opening, closing
+
+
+def _body(tools: Sequence[Mapping[str, Any]], only: str | None) -> dict[str, Any]:
+    """The JSON schema of a call's object, {"name": a tool's name, "arguments": what its
+    parameters allow}, for `only` or any of `tools`."""
     schemas = []
     for tool in tools:
         function = tool["function"]
@@ -240,18 +292,32 @@ def call_grammar(
                 "additionalProperties": False,
             }
         )
-    body = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
-    opening, closing = (
-        f'"{text}"' if tag is None else f"<[{tag}]>"
-        for tag, text in zip(tags, (HERMES_OPEN, HERMES_CLOSE), strict=True)
-    )
-    return "\n".join(
-        [
-            'start: call ("\\n" call)*' if many else "start: call",
-            f'call: {opening} "\\n" body "\\n" {closing}',
-            f"body: %json {json.dumps(body)}",
-        ]
-    )
+    return schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+
+
+def opens_call(text: str, names: Iterable[str]) -> bool | None:
+    """Whether `text`, the start of an answer, opens a call of one of `names`: an opening
+    ([fence] [tag] `{"name": "`) and one of the names, whole. None while more text may make
+    it one; False once no text can."""
+    s = text.lstrip(_WS)
+    if not s:
+        return None
+    opens, obj, _, _ = _opening(s)
+    if not opens:
+        return opens
+    i = _blank(s, _blank(s, obj + 1) + len('"name"'))
+    for expected in ':"':
+        if i == len(s):
+            return None
+        if s[i] != expected:
+            return False
+        if expected == ":":
+            i = _blank(s, i + 1)
+    name = _STRING.match(s, i)
+    if name is None:  # still being written
+        written = s[i + 1 :]
+        return None if "\\" in written or any(n.startswith(written) for n in names) else False
+    return json.loads(name[0]) in set(names)
 
 
 def parse(text: str, names: Iterable[str]) -> Parsed:
@@ -325,9 +391,9 @@ class ForcedCallStream:
     up to where its value ends; if the run stops inside them (the token limit), what was
     written is what the client has, as in OpenAI's streams."""
 
-    def __init__(self) -> None:
+    def __init__(self, first: int = 0) -> None:
         self.text = ""
-        self.calls = 0  # calls named so far
+        self.calls = first  # calls named so far (`first`: the index of the first one)
         self._at = 0  # where the next call's head may start
         self._args: int | None = None  # where the open call's arguments go on from
         self._depth = 0  # brackets open in those arguments
@@ -387,3 +453,70 @@ class ForcedCallStream:
                 if self._depth == 0:
                     return i, True
         return i, False
+
+
+class AutoCallStream:
+    """Streamed content and calls under tool_choice "auto", where `auto_call_grammar` holds
+    from where the model opens a call (`constraint.Triggered`). Content goes as
+    `ToolCallStream` sends it until `open_at` tells where in the text the grammar holds from;
+    from there the text can only be calls, sent as they are written (`ForcedCallStream`)
+    once the first one's opening is whole. Text held back before it is parsed then: its
+    content is sent, and a call in it (a small model's fenced or bare call) is sent whole."""
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self.held = ToolCallStream(names)
+        self.calls: ForcedCallStream | None = None
+        self._open_at: int | None = None
+        self.told = False  # `open_at` was called
+
+    @property
+    def sent_calls(self) -> bool:
+        return self.calls is not None and self.calls.calls > 0
+
+    def open_at(self, at: int) -> None:
+        """The grammar holds from text[at] on (`at` counts characters fed before it, or to
+        be fed). Told once; a place where no call opens is ignored."""
+        self.told = True
+        if self.calls is None and at >= self.held.sent:
+            self._open_at = at
+
+    def feed(self, piece: str) -> tuple[str, list[CallDelta]]:
+        """(content to send, call deltas to send)."""
+        if self.calls is not None:
+            return "", self.calls.feed(piece)
+        held, at = self.held, self._open_at
+        if at is None:
+            return held.feed(piece), []
+        text = held.text + piece
+        at = _blank(text, at)
+        opens = _opening(text, at)[0] if at < len(text) else None
+        if not opens:
+            if opens is False:  # no call opens there after all: held to the end
+                self._open_at = None
+            return held.feed(piece), []
+        # up to the opening, as content (it may have come already: held, as an opening)
+        content = held.feed(piece[: max(0, at - len(held.text))])
+        pre = text[held.sent : at]
+        probe = pre + HERMES_OPEN + '\n{"name"'
+        cut = next(  # a fence (or other opening) that a tag goes on with is the call's
+            (
+                m.start()
+                for m in _MAY_OPEN.finditer(pre)
+                if _opening(probe, m.start())[:2] == (True, len(pre) + len(HERMES_OPEN) + 1)
+            ),
+            len(pre),
+        )
+        rest, before = _split(pre[:cut], held.names)
+        content += rest.rstrip(_WS)
+        deltas = [
+            d
+            for i, c in enumerate(before)
+            for d in (CallDelta(i, "", c.id, c.name), CallDelta(i, c.arguments))
+        ]
+        self.calls = ForcedCallStream(first=len(before))
+        return content, deltas + self.calls.feed(text[at:])
+
+    def finish(self) -> tuple[str, tuple[ToolCall, ...]]:
+        """(content not sent yet, the calls) when the grammar never held: as
+        `ToolCallStream`; after it did, the calls were sent as they came and nothing is left."""
+        return self.held.finish() if self.calls is None else ("", ())
