@@ -232,10 +232,17 @@ def test_a_grammar_that_cannot_go_on_is_a_user_error_in_one_line() -> None:
             True,
         ),
         (
-            '{"name": "read_file", "arguments": {"path": "a"}}\n'
-            '{"name": "read_file", "arguments": {"path": "b"}}',
+            '<tool_call>\n{"name": "read_file", "arguments": {"path": "a"}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "get_weather", "arguments": {"city": "b"}}\n</tool_call>',
             True,
         ),
+        (  # one bare call only: the 1.5B, held, would open a second with a stray fence
+            '{"name": "read_file", "arguments": {"path": "a"}}\n'
+            '{"name": "read_file", "arguments": {"path": "b"}}',
+            False,
+        ),
+        ('{"name": "read_file", "arguments": {"path": "a"}}```', False),
+        ('{"name": "read_file", "arguments": {"path": "a"}' + " " * 12 + "}", False),  # spaces
         ('{"name": "delete_file", "arguments": {"path": "a.py"}}', False),  # not offered
         ('{"name": "get_weather", "arguments": {"city": "Paris", "days": 10}}', False),  # > 7
         ('{"name": "get_weather", "arguments": {"town": "Paris"}}', False),  # its schema

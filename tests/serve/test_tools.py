@@ -381,4 +381,4 @@ def test_the_auto_call_grammar_compiles_with_tags_by_id_or_as_text() -> None:
             llguidance.LLMatcher.grammar_from_lark(text)
         )
         assert not bad, messages
-        assert ("(WS call)*" in text) == many and ("<[151657]>" in text) == (tags[0] is not None)
+        assert ("(WS tagged)+" in text) == many and ("<[151657]>" in text) == (tags[0] is not None)

@@ -45,6 +45,10 @@ _LANGS = ("json", "xml")  # a fence's language
 _WS = " \t\r\n"
 _MAY_OPEN = re.compile("[`<{]")  # the first character of every opening
 _DECODER = json.JSONDecoder()
+# Whitespace between a call's JSON tokens: at most one line break, and a bounded run of spaces
+# (indentation). Unbounded, a model that would end its turn before the object's last brace
+# (the 1.5B does, and the parser heals it) is held to whitespace until the token limit.
+_JSON_SPACE = r"[ \t]{0,8}(\r?\n[ \t]{0,40})?"
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 
 
@@ -245,20 +249,23 @@ def call_grammar(
 def auto_call_grammar(
     tools: Sequence[Mapping[str, Any]], many: bool, tags: tuple[int | None, int | None]
 ) -> str:
-    """A Lark grammar of an answer that is a call (`many`: calls) of `tools` in the forms the
-    parser takes and Hermes-family models write under tool_choice "auto": the JSON object
-    bare, in a ``` fence, or between the tags, with whitespace around. It holds from where
-    the model opens a call (`constraint.Triggered` with `opens_call`, as llama.cpp's lazy
-    grammars): the call is then whole, of a tool the request offers, as its schema says."""
+    """A Lark grammar of an answer that is a call of `tools` in the forms the parser takes and
+    Hermes-family models write under tool_choice "auto": the JSON object bare, in a ```
+    fence, or between the tags, with whitespace around; `many`: or calls between tags, one
+    after another (Qwen 2.5's parallel calls). It holds from where the model opens a call
+    (`constraint.Triggered` with `opens_call`, as llama.cpp's lazy grammars): the call is
+    then whole, of a tool the request offers, as its schema says, and only the end follows.
+    (A second bare or fenced call is not allowed: the 1.5B, held past where it would end its
+    turn, closes a bare call with a stray fence, which would open one.)"""
     opening, closing = _tags(tags)
     return "\n".join(
         [
-            f"start: WS call {'(WS call)* ' if many else ''}WS",
-            "call: fenced | tagged | body",
-            'fenced: "```" LANG /[ \\t]*\\n/ WS (tagged | body) WS "```"',
+            "start: WS (fenced | body | tagged) WS"
+            + (" | WS tagged (WS tagged)+ WS" if many else ""),
+            'fenced: "```" LANG /[ \\t]{0,8}\\n/ WS (tagged | body) WS "```"',
             'LANG: "json" | "xml" | ""',
             f"tagged: {opening} WS body WS {closing}",
-            "WS: /[ \\t\\r\\n]*/",
+            "WS: /[ \\t\\r\\n]{0,8}/",
             f"body: %json {json.dumps(_body(tools, None))}",
         ]
     )
@@ -292,7 +299,8 @@ def _body(tools: Sequence[Mapping[str, Any]], only: str | None) -> dict[str, Any
                 "additionalProperties": False,
             }
         )
-    return schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+    body = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+    return {**body, "x-guidance": {"whitespace_pattern": _JSON_SPACE}}
 
 
 def opens_call(text: str, names: Iterable[str]) -> bool | None:
