@@ -276,3 +276,25 @@ def test_the_auto_call_grammar_takes_every_form_of_a_call_and_only_calls(smollm2
         for t in ids:
             grammar.consume(t)
         assert grammar.allowed()[sorted(smollm2.eos_token_ids)].all()
+
+
+@pytest.mark.llamacpp
+@pytest.mark.parametrize(
+    ("schema", "long_spaces"),
+    [(SCHEMA, False), ({**SCHEMA, "x-guidance": {"whitespace_flexible": True}}, True)],
+)
+def test_a_schema_bounds_the_whitespace_between_its_tokens(smollm2, schema, long_spaces) -> None:
+    """A line break and indentation between JSON tokens, not an unbounded run: a model that
+    would end before the object is closed must close it rather than write whitespace to the
+    token limit (llama.cpp's schema grammars bound it too). A schema that sets llguidance's
+    own whitespace options keeps them."""
+    pretty = '{\n  "city": "Lyon",\n  "population": 1,\n  "rivers": []\n}'
+    spaced = '{"city": "Lyon",' + " " * 30 + '"population": 1, "rivers": []}'
+    for spec, spaces in (
+        (GrammarSpec.json_schema(schema), long_spaces),
+        (GrammarSpec.json_object(), False),
+    ):
+        for text, whole in ((pretty, True), (spaced, spaces)):
+            ids = smollm2.tokenizer.encode(text)
+            taken = compile_grammar(smollm2, spec, smollm2.eos_token_ids).valid_prefix(ids)
+            assert (taken == len(ids)) is whole, (spec.kind, text)

@@ -40,15 +40,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from draftless.grammar import bounded_space
+
 _TAGS = ("tool_call", "function_call", "tools", "tool", "json", "response")
 _LANGS = ("json", "xml")  # a fence's language
 _WS = " \t\r\n"
 _MAY_OPEN = re.compile("[`<{]")  # the first character of every opening
 _DECODER = json.JSONDecoder()
-# Whitespace between a call's JSON tokens: at most one line break, and a bounded run of spaces
-# (indentation). Unbounded, a model that would end its turn before the object's last brace
-# (the 1.5B does, and the parser heals it) is held to whitespace until the token limit.
-_JSON_SPACE = r"[ \t]{0,8}(\r?\n[ \t]{0,40})?"
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 
 
@@ -299,8 +297,9 @@ def _body(tools: Sequence[Mapping[str, Any]], only: str | None) -> dict[str, Any
                 "additionalProperties": False,
             }
         )
-    body = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
-    return {**body, "x-guidance": {"whitespace_pattern": _JSON_SPACE}}
+    # whitespace bounded: a model held past where it would end its turn (the 1.5B ends a call
+    # before its last brace; the parser heals that) can only close the call
+    return bounded_space(schemas[0] if len(schemas) == 1 else {"anyOf": schemas})
 
 
 def opens_call(text: str, names: Iterable[str]) -> bool | None:
