@@ -369,7 +369,7 @@ class Engine:
             held, found = calls.finish()
             if held:
                 job.send(held)  # its log probabilities come with the last chunk
-            if calls.calls is not None:  # from the opening tag on, sent as written
+            if calls.calls is not None:  # from where the grammar held, sent as written
                 sent_calls = calls.sent_calls
                 found = parse_tool_calls(text, tool_names).calls
         elif tools is not None:

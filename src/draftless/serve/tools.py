@@ -29,6 +29,11 @@ first place where a call could begin to the end, parsing that at the end of the 
 content it sends plus what `finish` returns is what `parse` makes of the whole text. Under
 `call_grammar` the text can only be calls, so `ForcedCallStream` sends each call as it is
 written: its name once the name is whole, then its arguments piece by piece.
+
+tool_choice "auto": `auto_call_grammar` holds an answer from where the model opens a call
+(`<tool_call>`, or an answer that begins with a call of an offered tool: `opens_call`), as
+llama.cpp's lazy grammars do, and `AutoCallStream` streams content until then and the calls
+as they are written from there.
 """
 
 from __future__ import annotations
