@@ -114,11 +114,6 @@ def _opening(s: str, at: int = 0) -> tuple[bool | None, int, str | None, bool]:
     def prefix_of(word: str, i: int) -> bool:  # s[i:] is a proper prefix of word
         return n - i < len(word) and word.startswith(s[i:])
 
-    def blank(i: int) -> int:
-        while i < n and s[i] in _WS:
-            i += 1
-        return i
-
     i = at
     fenced = s.startswith("`", i)
     if fenced:
@@ -137,20 +132,20 @@ def _opening(s: str, at: int = 0) -> tuple[bool | None, int, str | None, bool]:
             return None, 0, None, True
         if s[i] != "\n":
             return False, 0, None, True
-        i = blank(i + 1)
+        i = _blank(s, i + 1)
     tag = None
     if i < n and s[i] == "<":
         tag = next((t for t in _TAGS if s.startswith(f"<{t}>", i)), None)
         if tag is None:
             maybe = any(prefix_of(f"<{t}>", i) for t in _TAGS)
             return (None if maybe else False), 0, None, fenced
-        i = blank(i + len(tag) + 2)
+        i = _blank(s, i + len(tag) + 2)
     if i == n:
         return None, 0, tag, fenced
     if s[i] != "{":
         return False, 0, tag, fenced
     obj = i
-    i = blank(i + 1)
+    i = _blank(s, i + 1)
     if s.startswith('"name"', i):
         return True, obj, tag, fenced
     return (None if prefix_of('"name"', i) else False), obj, tag, fenced
