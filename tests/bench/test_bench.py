@@ -11,7 +11,16 @@ import pytest
 
 from draftless.bench import report
 from draftless.bench.peers import peer_stats
-from draftless.bench.runner import DRAFTLESS, PLAIN, Settings, first_mismatch
+from draftless.bench.runner import (
+    DRAFTLESS,
+    PLAIN,
+    Job,
+    Ours,
+    Runner,
+    Settings,
+    first_mismatch,
+    lockstep,
+)
 from draftless.bench.tasks import MIN_PROMPTS, TASK_ORDER, TaskError, load_task, load_tasks
 from draftless.cli import main
 from draftless.cli.bench import bench_backend, build_result, select_peers
@@ -335,6 +344,89 @@ def test_threads_reach_the_model_and_the_report(cache: Path) -> None:
     assert backend.threads == 3
     md = report.markdown(build_result("draftless bench", settings, [backend], 1.0))
     assert "; 3 threads." in md
+
+
+# -- lockstep: ours a step each in turn, each on its own copy --------------------------------------
+class _FakeClock:
+    """Time moves only in forwards: each model copy charges its own price per forward."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def charge(self, model: InductionModel, price: float) -> InductionModel:
+        def on_forward(ids: list[int]) -> None:
+            self.now += price
+
+        model.on_forward = on_forward
+        return model
+
+
+def _ours(model: InductionModel) -> list[Ours]:
+    table = CostTable.from_mapping({1: 1.0, 2: 1.1, 64: 2.0})  # verifies nearly free
+    return [Ours(model, spec=False, cost_table=table), Ours(model, spec=True, cost_table=table)]
+
+
+def test_lockstep_charges_each_run_only_its_own_steps() -> None:
+    clock = _FakeClock()
+    cheap = clock.charge(InductionModel(vocab=50, seed=0), 1.0)
+    dear = clock.charge(InductionModel(vocab=50, seed=0), 100.0)
+    plain, spec = _ours(cheap)
+    job = Job("t", "p", tuple(range(30)) * 2, (), 0.0, None, 40)
+    runs = lockstep([plain.start(job, cheap, clock), spec.start(job, dear, clock)], clock)
+    assert runs[0].token_ids == runs[1].token_ids and len(runs[0].token_ids) == 40
+    # every step interleaved, yet each run is charged exactly its own forwards' prices
+    cheap_calls, dear_calls = len(cheap.forward_calls), len(dear.forward_calls)
+    assert dear_calls < cheap_calls == 40  # plain: a forward a token; spec verified drafts
+    assert runs[0].seconds == cheap_calls * 1.0 and runs[0].first_seconds == 1.0
+    assert runs[1].seconds == dear_calls * 100.0 and runs[1].first_seconds == 100.0
+    assert runs[1].stats is not None and runs[1].stats.steps == dear_calls
+
+
+def test_a_lockstep_bench_swaps_the_copies_every_rep() -> None:
+    clock = _FakeClock()
+    model = clock.charge(InductionModel(vocab=50, seed=0), 1.0)
+    twin = clock.charge(InductionModel(vocab=50, seed=0), 10.0)
+    runner = Runner(
+        model, _ours(model), reps=2, max_new_tokens=24, log=lambda _: None, twin=twin, clock=clock
+    )
+    (task,) = runner.run(load_tasks(["grounded-copy"])[:1])
+    for pr in task.prompts[:2]:
+        plain, spec = pr.methods[PLAIN], pr.methods[DRAFTLESS]
+        assert plain.identical is True and spec.identical is True
+        # plain ran on the copy at 1 a forward, then on the one at 10: 23 forwards after its first
+        assert plain.decode_seconds == (23.0, 230.0)
+        # draftless the other way round, in fewer forwards (the same ones in both reps)
+        assert spec.decode_seconds[0] == 10 * spec.decode_seconds[1] < 10 * 23.0
+        assert spec.stats is not None and spec.stats.verify_steps > 0
+
+
+def test_lockstep_loads_a_twin_and_says_so(cache: Path) -> None:
+    tasks = load_tasks(["repetition"])
+    settings = Settings(
+        quick=True,
+        reps=1,
+        max_new_tokens=8,
+        prompts_per_task=1,
+        tasks=("repetition",),
+        backends=("fake",),
+        peers=False,
+        lockstep=True,
+    )
+    loaded: list[InductionModel] = []
+
+    def load() -> InductionModel:
+        loaded.append(InductionModel(vocab=50, seed=0))
+        return loaded[-1]
+
+    backend = bench_backend(load, tasks, settings)
+    assert len(loaded) == 2 and all(m.forward_calls for m in loaded)  # both copies decoded
+    (pr,) = backend.tasks[0].prompts
+    assert pr.methods[DRAFTLESS].identical is True
+    md = report.markdown(build_result("draftless bench --lockstep", settings, [backend], 1.0))
+    assert "; lockstep: draftless and its plain a step each in turn" in md
 
 
 # -- a peer's first-forward accounting, on a tiny transformers model -------------------------------

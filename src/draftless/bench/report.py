@@ -276,7 +276,14 @@ def markdown(result: BenchResult) -> str:
     )
     w(
         f"Mode: {'quick' if st.quick else 'full'} ({prompts}, {st.reps} reps, "
-        f"{st.max_new_tokens} new tokens at most, greedy unless noted)\n\n"
+        f"{st.max_new_tokens} new tokens at most, greedy unless noted)"
+        + (
+            "; lockstep: draftless and its plain a step each in turn, each on its own copy "
+            "of the model, the copies swapped every rep (peers run whole)"
+            if st.lockstep
+            else ""
+        )
+        + "\n\n"
     )
     w(
         "Speedup = decode speedup: the method's decode tokens/s over "

@@ -26,7 +26,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -109,30 +109,93 @@ class Ours:
         self._make_source = make_source or _cascade
 
     def run(self, job: Job) -> Run:
-        source = None
-        if self.spec:  # building the index is per document, not per token: not timed
-            source = self._make_source(self.model)
-            for ref in job.references:
-                source.add_reference(list(ref))
-        sampling = SamplingOptions(temperature=max(0.0, job.temperature), seed=job.seed)
+        steps = self.start(job)  # building the index is per document, not per token: not timed
         t0 = time.perf_counter()
-        self.model.truncate(0)
-        dec = SpeculativeDecoder(
-            self.model,
-            sampling=sampling,
-            source=source,
-            options=self.options,
-            cost_table=self.cost_table,
-        )
-        dec.append(job.ids)
         tokens: list[int] = []
         first_seconds, first_tokens = 0.0, 0
-        for chunk in dec.stream(job.max_new_tokens):
+        while (chunk := steps.step()) is not None:
             if not tokens:
                 first_seconds, first_tokens = time.perf_counter() - t0, len(chunk)
             tokens.extend(chunk)
         seconds = time.perf_counter() - t0
-        return Run(tuple(tokens), seconds, first_seconds, first_tokens, dec.stats)
+        return Run(tuple(tokens), seconds, first_seconds, first_tokens, steps.stats)
+
+    def start(
+        self,
+        job: Job,
+        model: Model | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> Steps:
+        """The run of `job` a decoder step at a time, on `model` (default: this method's;
+        the bench's lockstep gives each of ours its own copy), the decoder timing its
+        forwards with `clock` (the live-timed gate's)."""
+        model = model or self.model
+        source = None
+        if self.spec:
+            source = self._make_source(model)
+            for ref in job.references:
+                source.add_reference(list(ref))
+        return Steps(self, job, model, source, clock)
+
+
+class Steps:
+    """One run of `Ours`, a decoder step per `step()`: the first clears the cache, prefills
+    the prompt and makes the first forward; None once the run has ended."""
+
+    def __init__(
+        self, method: Ours, job: Job, model: Model, source: Any, clock: Callable[[], float]
+    ) -> None:
+        self._method, self._job, self._model, self._source = method, job, model, source
+        self._clock = clock
+        self._decoder: SpeculativeDecoder | None = None
+        self._chunks: Iterator[list[int]] | None = None
+
+    def step(self) -> list[int] | None:
+        if self._chunks is None:
+            job, method = self._job, self._method
+            self._model.truncate(0)
+            self._decoder = SpeculativeDecoder(
+                self._model,
+                sampling=SamplingOptions(temperature=max(0.0, job.temperature), seed=job.seed),
+                source=self._source,
+                options=method.options,
+                cost_table=method.cost_table,
+                clock=self._clock,
+            )
+            self._decoder.append(job.ids)
+            self._chunks = self._decoder.stream(job.max_new_tokens)
+        return next(self._chunks, None)
+
+    @property
+    def stats(self) -> DecodeStats | None:
+        return None if self._decoder is None else self._decoder.stats
+
+
+def lockstep(steps: Sequence[Steps], clock: Callable[[], float] = time.perf_counter) -> list[Run]:
+    """Runs several a step each in turn until all have ended, each charged only the time of
+    its own steps. Whatever else the machine does in a stretch of a few steps lands on every
+    run alike, so their ratio is measured far more tightly than between whole runs made one
+    after the other (the sequential bench reads identical work within ~3% per prompt on these
+    shared machines; `benchmarks/noise_floor.py`)."""
+    n = len(steps)
+    spent = [0.0] * n
+    tokens: list[list[int]] = [[] for _ in range(n)]
+    first = [(0.0, 0)] * n
+    live = list(range(n))
+    while live:
+        for i in tuple(live):
+            t0 = clock()
+            chunk = steps[i].step()
+            spent[i] += clock() - t0
+            if chunk is None:
+                live.remove(i)
+                continue
+            if not tokens[i]:
+                first[i] = (spent[i], len(chunk))
+            tokens[i].extend(chunk)
+    return [
+        Run(tuple(tokens[i]), spent[i], first[i][0], first[i][1], steps[i].stats) for i in range(n)
+    ]
 
 
 def _cascade(model: Model) -> SpeculationIndex:
@@ -230,6 +293,7 @@ class Settings:
     tasks: tuple[str, ...]
     backends: tuple[str, ...]
     peers: bool
+    lockstep: bool = False  # ours a step each in turn, each on its own copy of the model
 
 
 # -- the measurement ------------------------------------------------------------------------------
@@ -252,6 +316,10 @@ class Runner:
     warmup: bool = True  # every method once on the first prompt, before any timing
     warmup_each_prompt: bool = True  # and a few tokens of every method before each prompt
     log: Log = field(default=_stderr)
+    # A second copy of the model: ours (plain and draftless) then run in lockstep, a step
+    # each in turn, each on its own copy, the copies swapped every rep; peers run whole.
+    twin: Model | None = None
+    clock: Callable[[], float] = time.perf_counter  # lockstep's
 
     def __post_init__(self) -> None:
         if self.reps < 1:
@@ -264,6 +332,33 @@ class Runner:
         for m in self.methods:
             if m.baseline is not None and m.baseline not in names:
                 raise ValueError(f"method {m.name}: baseline {m.baseline} is not run")
+
+    def _split(self) -> tuple[list[Ours], list[Method]]:
+        """(ours, to run in lockstep; the rest): ours is empty without a twin."""
+        if self.twin is None:
+            return [], list(self.methods)
+        ours = [m for m in self.methods if isinstance(m, Ours)]
+        return ours, [m for m in self.methods if not isinstance(m, Ours)]
+
+    def _lockstep(self, ours: Sequence[Ours], job: Job, rep: int) -> list[Run]:
+        """Ours on `job` in lockstep, the i-th on copy i + rep (mod 2): two copies of a model
+        in one process run a few tenths of a percent apart, so every method spends as many
+        reps on each (the order of the turns swaps with them)."""
+        assert self.twin is not None
+        copies = (self.model, self.twin)
+        turn = [(i + rep) % 2 for i in range(len(ours))]
+        order = sorted(range(len(ours)), key=lambda i: turn[i])
+        steps = [ours[i].start(job, copies[turn[i]], self.clock) for i in order]
+        runs = lockstep(steps, self.clock)
+        return [runs[order.index(i)] for i in range(len(ours))]
+
+    def _once_each(self, job: Job) -> None:
+        """Every method once on `job`, untimed (with a twin, ours on both copies)."""
+        ours, others = self._split()
+        for m in others:
+            m.run(job)
+        for rep in range(2 if ours else 0):
+            self._lockstep(ours, job, rep)
 
     def jobs(self, task: Task) -> list[Job]:
         tok = self.model.tokenizer
@@ -287,8 +382,7 @@ class Runner:
         first = next((js[0] for js in jobs.values() if js), None)
         if self.warmup and first is not None:  # JIT compiles, allocator, thread pools
             short = replace(first, max_new_tokens=min(WARMUP_FIRST_TOKENS, first.max_new_tokens))
-            for m in self.methods:
-                m.run(short)
+            self._once_each(short)
         return [self.run_task(t, jobs[t.name]) for t in tasks]
 
     def run_task(self, task: Task, jobs: Sequence[Job]) -> TaskResult:
@@ -299,15 +393,20 @@ class Runner:
 
     def run_prompt(self, task: Task, job: Job) -> PromptResult:
         if self.warmup and self.warmup_each_prompt:
-            short = replace(job, max_new_tokens=min(WARMUP_TOKENS, job.max_new_tokens))
-            for m in self.methods:
-                m.run(short)
+            self._once_each(replace(job, max_new_tokens=min(WARMUP_TOKENS, job.max_new_tokens)))
         runs: dict[str, list[Run]] = {m.name: [] for m in self.methods}
-        order = list(self.methods)
+        ours, others = self._split()
+        order: list[Sequence[Method]] = (
+            [ours, *([m] for m in others)] if ours else [[m] for m in self.methods]
+        )
         for rep in range(self.reps):
             k = rep % len(order)
-            for m in order[k:] + order[:k]:
-                runs[m.name].append(m.run(job))
+            for unit in order[k:] + order[:k]:
+                if unit is ours:
+                    for one, run in zip(ours, self._lockstep(ours, job, rep), strict=True):
+                        runs[one.name].append(run)
+                else:
+                    runs[unit[0].name].append(unit[0].run(job))
         reference = runs[PLAIN][0]
         results: dict[str, MethodResult] = {}
         for m in self.methods:
