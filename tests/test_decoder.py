@@ -734,6 +734,32 @@ def test_a_decoders_gates_share_one_live_rescale() -> None:
     assert dec.live_costs.scale > 1.0  # forwards of k cost k units: dearer than the table
 
 
+def test_the_decoder_charges_the_step_after_a_verify_to_the_verify() -> None:
+    """A backend whose one-token forward runs dear right after a wider one (llama.cpp builds
+    its graph back): the decoder tells its live costs which plain step follows a verify, and
+    they price what it cost into every verify, not into the plain step."""
+    now = [0.0]
+    last = [1]
+    model = InductionModel(VOCAB, seed=12)
+    expected = plain(model, GREEDY, 400)
+
+    def on_forward(ids: list[int]) -> None:
+        now[0] += 1 + 0.1 * (len(ids) - 1) + (0.3 if len(ids) == 1 < last[0] else 0.0)
+        last[0] = len(ids)
+
+    model.on_forward = on_forward
+    stream = PROMPT + expected  # a verify of two right tokens, then four plain steps
+    source = ScriptedSource(lambda s, n: stream[len(s) : len(s) + 2] if len(s) % 7 < 3 else [])
+    dec = SpeculativeDecoder(model, source=source, clock=lambda: now[0], cost_table=TABLE_FLAT)
+    dec.append(PROMPT)
+    assert dec.generate(400).token_ids == expected
+    assert dec.stats.verify_steps > 20 and dec.stats.plain_steps > 20
+    assert dec.live_costs.switch == pytest.approx(0.3, abs=0.05)
+    assert dec.live_costs.verify_cost(2) == pytest.approx(
+        max(1.0, dec.live_costs.scale * TABLE_FLAT.cost(2)) + dec.live_costs.switch
+    )
+
+
 # -- the context's end, and who owns the cache ------------------------------------------------
 
 

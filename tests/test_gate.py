@@ -207,6 +207,32 @@ def test_a_verify_cost_follows_the_scale_past_the_costs_the_budget_keeps() -> No
         assert live.verify_cost(k) == max(1.0, live.scale * TABLE.cost(k))
 
 
+def test_the_plain_step_after_a_verify_charges_its_excess_to_the_verify() -> None:
+    """llama.cpp builds a graph back for one token after a verify: the plain step after it
+    runs dear. That is a verify's cost, not a plain step's, and it is priced so."""
+    live = LiveCosts(TABLE, GateOptions())
+    for _ in range(40):  # plain steps of 10 ms, a verify at the table, a plain step of 11.3
+        for _ in range(5):
+            live.record_plain(0.010)
+        live.record_verify(4, 0.010 * TABLE.cost(4))
+        live.record_plain(0.0113, after_verify=True)
+    assert live.switch == pytest.approx(0.13, abs=0.005)
+    assert live.scale == pytest.approx(1.0, abs=0.005)  # the plain step is still 10 ms
+    assert live.verify_cost(1) == 1.0
+    assert live.verify_cost(4) == pytest.approx(TABLE.cost(4) + 0.13, abs=0.01)
+    costs = live.draft_costs(8)
+    assert costs == [live.verify_cost(d + 1) for d in range(9)]
+    # a stall after a verify is not a switch: it moves the price by a fraction of a step
+    live.record_plain(0.5, after_verify=True)
+    assert live.switch < 0.13 + GateOptions().scale_alpha * 0.5 + 1e-9
+    # where every plain step follows a verify, the two cannot be told apart: it stays put
+    before = live.switch
+    for _ in range(40):
+        live.record_verify(4, 0.010 * TABLE.cost(4))
+        live.record_plain(0.010 + 0.010 * before, after_verify=True)
+    assert live.switch == pytest.approx(before, abs=0.02)
+
+
 @given(st.integers(0, 12), st.integers(0, 12), st.integers(1, 40))
 def test_pays_is_expected_tokens_over_the_drafts_own_cost(accepted, rejected, drafted) -> None:
     gate = CostGate(TABLE, GateOptions(), 0.7)

@@ -219,6 +219,7 @@ class SpeculativeDecoder:
         # tokens, drafts that met a rejection]. A steep gate's prior follows it.
         self._pool: dict[str, list[int]] = {}
         self._since_reject: int | None = None  # tokens since the last rejection, if resyncing
+        self._verified = False  # the last step verified a draft (its forward had a new shape)
         self._claim = _claim_of(model)
         with self._claim.lock:  # a new decoder starts from an empty cache, its own
             model.truncate(0)
@@ -501,10 +502,11 @@ class SpeculativeDecoder:
         self._track_resync(
             None if draft is not None and draft.member == GRAMMAR else draft, committed
         )
+        after_verify, self._verified = self._verified, draft is not None
         if draft is None:
             s.plain_steps += 1
-            if self.options.gate:
-                self.live_costs.record_plain(seconds)  # what a plain step costs, for every gate
+            if self.options.gate:  # what a plain step costs, for every gate
+                self.live_costs.record_plain(seconds, after_verify)
             return
         tokens = draft.tokens
         n = len(committed)  # the last one is a correction or bonus unless a stop matched

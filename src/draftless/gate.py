@@ -146,34 +146,45 @@ def pooled_prior(prior: float, accepted: int, rejections: int) -> float:
 
 
 class LiveCosts:
-    """The cost table rescaled by live timings: verify_cost(k) = max(1, scale x C(k)), with
-    scale a clamped EWMA of (a verify's seconds / a plain step's seconds / C(k)). One per
-    decoder, shared by its gates (passed as `CostGate(..., pricing=)`, kept as `.live`)."""
+    """The cost table rescaled by live timings: verify_cost(k) = max(1, scale x C(k)) +
+    switch, with scale a clamped EWMA of (a verify's seconds / a plain step's seconds / C(k))
+    and switch what the plain step right after a verify costs beyond a plain step, in plain
+    steps. llama.cpp keeps a compute graph only for a batch of the shape it was built for, so
+    a verify between plain steps builds one going in (in the verify's own time) and one
+    coming out, in the next plain step's (SmolLM2, both cores: 0.12-0.15 plain steps a verify,
+    `benchmarks/shape_switch.py`); charged to the plain steps, it made every verify look
+    cheaper than it is. One per decoder, shared by its gates (passed as `CostGate(...,
+    pricing=)`, kept as `.live`)."""
 
     def __init__(self, table: CostTable, options: GateOptions | None = None) -> None:
         self.table = table
         self.options = options or GateOptions()
         self.scale = 1.0
+        self.switch = 0.0  # plain steps a verify costs the plain step after it
         self._plain_seconds: float | None = None  # EWMA of a plain step's wall time
+        self._switch_seconds = 0.0  # EWMA of the step after a verify, beyond a plain step
         self._timed_verifies = 0  # timed verifies since the last plain timing
-        self._costs: list[float] = []  # draft_costs() at _costs_scale
-        self._costs_scale = self.scale
+        self._costs: list[float] = []  # draft_costs() at _costs_key
+        self._costs_key = (self.scale, self.switch)
 
     def verify_cost(self, k: int) -> float:
         """Cost of a forward of k new tokens in plain-step equivalents (never below 1)."""
         costs = self._costs
-        if 0 < k <= len(costs) and self._costs_scale == self.scale:
+        if 0 < k <= len(costs) and self._costs_key == (self.scale, self.switch):
             return costs[k - 1]  # draft_costs() has it at this scale
-        return max(1.0, self.scale * self.table.cost(k))
+        return max(1.0, self.scale * self.table.cost(k)) + (self.switch if k > 1 else 0.0)
 
     def draft_costs(self, max_draft: int) -> list[float]:
         """[verify_cost(d + 1) for d in 0..max_draft], kept while the scale holds: the
         budget asks for it every step, and the table's interpolation is not free."""
         costs = self._costs
-        if len(costs) <= max_draft or self._costs_scale != self.scale:
-            scale, cost = self.scale, self.table.cost
-            costs = self._costs = [max(1.0, scale * cost(d + 1)) for d in range(max_draft + 1)]
-            self._costs_scale = self.scale
+        key = (self.scale, self.switch)
+        if len(costs) <= max_draft or self._costs_key != key:
+            scale, cost, switch = self.scale, self.table.cost, self.switch
+            costs = self._costs = [
+                max(1.0, scale * cost(d + 1)) + (switch if d else 0.0) for d in range(max_draft + 1)
+            ]
+            self._costs_key = key
         return costs
 
     def wants_plain_timing(self) -> bool:
@@ -184,15 +195,26 @@ class LiveCosts:
             return False
         return self._plain_seconds is None or self._timed_verifies >= CALIBRATE_EVERY
 
-    def record_plain(self, seconds: float | None) -> None:
-        """A plain step's wall time: what a plain step costs now."""
+    def record_plain(self, seconds: float | None, after_verify: bool = False) -> None:
+        """A plain step's wall time: what a plain step costs now. The step right after a
+        verify also says what that verify cost it (`switch`): its excess over a plain step,
+        clamped to half a plain step either way (a stall is not a switch), is learned as
+        such and the rest as a plain step. Where every plain step follows a verify the two
+        cannot be told apart, and the switch stays where it was."""
         if seconds is None or seconds <= 0:
             return
         self._timed_verifies = 0
-        if self._plain_seconds is None:
+        plain = self._plain_seconds
+        if plain is None:
             self._plain_seconds = seconds
-        else:
-            self._plain_seconds += self.options.scale_alpha * (seconds - self._plain_seconds)
+            return
+        alpha = self.options.scale_alpha
+        if after_verify:
+            excess = min(0.5 * plain, max(-0.5 * plain, seconds - plain))
+            self._switch_seconds += alpha * (excess - self._switch_seconds)
+            seconds = max(0.5 * plain, seconds - self._switch_seconds)
+        self._plain_seconds = plain = plain + alpha * (seconds - plain)
+        self.switch = max(0.0, self._switch_seconds / plain)
 
     def record_verify(self, k: int, seconds: float | None) -> None:
         """A verify forward of k tokens took `seconds`: move the scale toward what it says."""
@@ -380,10 +402,11 @@ class CostGate:
         return self.live.wants_plain_timing()
 
     # -- updates -------------------------------------------------------------------------
-    def record_plain(self, seconds: float | None = None) -> None:
-        """A plain step (no draft, or the gate was off): what a plain step costs now. Gates
-        that share their live costs learn it once, from the decoder (`LiveCosts`)."""
-        self.live.record_plain(seconds)
+    def record_plain(self, seconds: float | None = None, after_verify: bool = False) -> None:
+        """A plain step (no draft, or the gate was off): what a plain step costs now (and,
+        right after a verify, what the verify cost it). Gates that share their live costs
+        learn it once, from the decoder (`LiveCosts`)."""
+        self.live.record_plain(seconds, after_verify)
 
     def record_verify(
         self, k: int, drafted: int, accepted: int, committed: int, seconds: float | None = None
