@@ -233,6 +233,21 @@ def test_the_plain_step_after_a_verify_charges_its_excess_to_the_verify() -> Non
     assert live.switch == pytest.approx(before, abs=0.02)
 
 
+def test_the_best_draft_follows_the_switch() -> None:
+    live = LiveCosts(TABLE, GateOptions())
+    gate = CostGate(TABLE, GateOptions(), 0.7, pricing=live)
+    gate.start(16)
+    before = gate.best_draft(0.7, 16)  # kept until the prices move
+    live.record_plain(0.010)
+    live.record_verify(4, 0.010 * TABLE.cost(4))
+    live.record_plain(0.015, after_verify=True)
+    assert live.switch > 0 and live.scale == 1.0
+    costs = live.draft_costs(16)
+    rate, d = max((sum(0.7**i for i in range(d + 1)) / costs[d], d) for d in range(2, 17))
+    assert gate.best_draft(0.7, 16) == (d, pytest.approx(rate))
+    assert rate < before[1]
+
+
 @given(st.integers(0, 12), st.integers(0, 12), st.integers(1, 40))
 def test_pays_is_expected_tokens_over_the_drafts_own_cost(accepted, rejected, drafted) -> None:
     gate = CostGate(TABLE, GateOptions(), 0.7)

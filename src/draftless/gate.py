@@ -269,7 +269,7 @@ class CostGate:
         self._need = self.options.probe_steps
         self._since_on = -1  # real verifies since a shadow turn-on still on trial; -1: none
         self._on_prior = False  # ON with no evidence but the prior (start() may set it)
-        self._best_key: tuple[float, int, int, float] | None = None  # best_draft's last call
+        self._best_key: tuple[float, int, int, float, float] | None = None  # best_draft's last
         self._best: tuple[int, float] = (0, 0.0)
         self._max_draft = 64  # the longest draft it budgets for (start() sets it)
         self._min_draft = 2  # the shortest draft the decoder verifies (start() sets it)
@@ -335,7 +335,7 @@ class CostGate:
         top = max(1, max_draft)
         low = min(self._min_draft, top)
         costs = self.live.draft_costs(top)
-        key = (p, top, low, self.live.scale)
+        key = (p, top, low, self.live.scale, self.live.switch)
         if key == self._best_key:  # asked every step; the evidence moves far less often
             return self._best
         best_d, best_rate, expected, term = top, -1.0, 1.0, 1.0
