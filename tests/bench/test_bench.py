@@ -21,7 +21,14 @@ from draftless.bench.runner import (
     first_mismatch,
     lockstep,
 )
-from draftless.bench.tasks import MIN_PROMPTS, TASK_ORDER, TaskError, load_task, load_tasks
+from draftless.bench.tasks import (
+    MIN_PROMPTS,
+    TASK_ORDER,
+    Task,
+    TaskError,
+    load_task,
+    load_tasks,
+)
 from draftless.cli import main
 from draftless.cli.bench import bench_backend, build_result, select_peers
 from draftless.costs import CostTable
@@ -327,8 +334,8 @@ def test_a_finished_backend_is_written_before_the_next_one_runs(
     assert "repetition" in (out / "results.md").read_text().lower()
 
 
-def test_threads_reach_the_model_and_the_report(cache: Path) -> None:
-    tasks = load_tasks(["repetition"])
+def _one_repetition_prompt(lockstep: bool = False) -> tuple[list[Task], Settings]:
+    """The repetition task's first prompt, one rep of 8 tokens, on a fake backend."""
     settings = Settings(
         quick=True,
         reps=1,
@@ -337,7 +344,13 @@ def test_threads_reach_the_model_and_the_report(cache: Path) -> None:
         tasks=("repetition",),
         backends=("fake",),
         peers=False,
+        lockstep=lockstep,
     )
+    return load_tasks(["repetition"]), settings
+
+
+def test_threads_reach_the_model_and_the_report(cache: Path) -> None:
+    tasks, settings = _one_repetition_prompt()
     model = InductionModel(vocab=50, seed=0)
     model.threads = 3  # type: ignore[misc]
     backend = bench_backend(lambda: model, tasks, settings)
@@ -404,17 +417,7 @@ def test_a_lockstep_bench_swaps_the_copies_every_rep() -> None:
 
 
 def test_lockstep_loads_a_twin_and_says_so(cache: Path) -> None:
-    tasks = load_tasks(["repetition"])
-    settings = Settings(
-        quick=True,
-        reps=1,
-        max_new_tokens=8,
-        prompts_per_task=1,
-        tasks=("repetition",),
-        backends=("fake",),
-        peers=False,
-        lockstep=True,
-    )
+    tasks, settings = _one_repetition_prompt(lockstep=True)
     loaded: list[InductionModel] = []
 
     def load() -> InductionModel:
