@@ -18,6 +18,9 @@ import json
 import statistics
 from pathlib import Path
 
+from verify_price import stats_of
+
+from draftless.bench.report import modeled_speedup
 from draftless.costs import CostTable
 
 
@@ -28,17 +31,16 @@ def rows_of(run: Path, extra: float = 0.0) -> dict[str, tuple[float, int, int, i
     rows = {}
     for backend in data["backends"]:
         raw = backend["cost_table"]
-        table = CostTable(tuple(raw["ks"]), tuple(raw["costs"]))
+        costs = tuple(
+            c + extra if k > 1 else c for k, c in zip(raw["ks"], raw["costs"], strict=True)
+        )
+        table = CostTable(tuple(raw["ks"]), costs)  # C(1) stays a plain step
         for task in backend["tasks"]:
             for prompt in task["prompts"]:
                 m = prompt["methods"]["draftless"]
                 s = m["stats"]
-                lengths = {int(d): n for d, n in s["draft_lengths"].items()}
-                cost = s["plain_steps"] + sum(
-                    n * (table.cost(1 + d) + extra) for d, n in lengths.items()
-                )
                 key = f"{task['task']}/{prompt['prompt_id']}"
-                modeled = s["committed"] / cost if cost > 0 else 1.0
+                modeled = modeled_speedup(stats_of(s), table) or 1.0
                 rows[key] = (m["speedup"], s["verify_steps"], s["accepted"], s["drafted"], modeled)
     return rows
 

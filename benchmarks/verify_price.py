@@ -22,7 +22,8 @@ from draftless.costs import CostTable
 from draftless.metrics import DecodeStats
 
 
-def _stats(raw: dict) -> DecodeStats:
+def stats_of(raw: dict) -> DecodeStats:
+    """The counts `modeled_speedup` reads, from a report's stats object."""
     s = DecodeStats()
     s.plain_steps, s.committed = raw["plain_steps"], raw["committed"]
     s.draft_lengths = {int(k): n for k, n in raw["draft_lengths"].items()}
@@ -43,7 +44,7 @@ def main() -> None:
                 mine = prompt["methods"].get("draftless")
                 if not mine or not mine["stats"] or mine["speedup"] is None:
                     continue
-                stats = _stats(mine["stats"])
+                stats = stats_of(mine["stats"])
                 modeled = modeled_speedup(stats, table)
                 if modeled is None:
                     continue
