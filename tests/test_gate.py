@@ -207,30 +207,53 @@ def test_a_verify_cost_follows_the_scale_past_the_costs_the_budget_keeps() -> No
         assert live.verify_cost(k) == max(1.0, live.scale * TABLE.cost(k))
 
 
-def test_the_plain_step_after_a_verify_charges_its_excess_to_the_verify() -> None:
-    """llama.cpp builds a graph back for one token after a verify: the plain step after it
-    runs dear. That is a verify's cost, not a plain step's, and it is priced so."""
-    live = LiveCosts(TABLE, GateOptions())
-    for _ in range(40):  # plain steps of 10 ms, a verify at the table, a plain step of 11.3
+def _switched(live: LiveCosts, rounds: int = 40) -> LiveCosts:
+    """Plain steps of 10 ms, a verify at the table, a plain step of 11.3 ms after it."""
+    for _ in range(rounds):
         for _ in range(5):
             live.record_plain(0.010)
         live.record_verify(4, 0.010 * TABLE.cost(4))
         live.record_plain(0.0113, after_verify=True)
+    return live
+
+
+def test_the_plain_step_after_a_verify_charges_its_excess_to_the_verify() -> None:
+    """llama.cpp builds a graph back for one token after a verify: the plain step after it
+    runs dear. That is a verify's cost, not a plain step's, and it is priced so."""
+    live = _switched(LiveCosts(TABLE, GateOptions()))
     assert live.switch == pytest.approx(0.13, abs=0.005)
     assert live.scale == pytest.approx(1.0, abs=0.005)  # the plain step is still 10 ms
     assert live.verify_cost(1) == 1.0
     assert live.verify_cost(4) == pytest.approx(TABLE.cost(4) + 0.13, abs=0.01)
     costs = live.draft_costs(8)
     assert costs == [live.verify_cost(d + 1) for d in range(9)]
-    # a stall after a verify is not a switch: it moves the price by a fraction of a step
-    live.record_plain(0.5, after_verify=True)
+
+
+def test_a_stall_after_a_verify_is_not_a_switch() -> None:
+    live = _switched(LiveCosts(TABLE, GateOptions()))
+    live.record_plain(0.5, after_verify=True)  # 50 plain steps: it moves by half a step at most
     assert live.switch < 0.13 + GateOptions().scale_alpha * 0.5 + 1e-9
-    # where every plain step follows a verify, the two cannot be told apart: it stays put
-    before = live.switch
-    for _ in range(40):
+
+
+def test_the_switch_stays_where_every_plain_step_follows_a_verify() -> None:
+    live = _switched(LiveCosts(TABLE, GateOptions()))
+    for _ in range(40):  # no plain step alone: the excess cannot be told from the step
         live.record_verify(4, 0.010 * TABLE.cost(4))
-        live.record_plain(0.010 + 0.010 * before, after_verify=True)
-    assert live.switch == pytest.approx(before, abs=0.02)
+        live.record_plain(0.0113, after_verify=True)
+    assert live.switch == pytest.approx(0.13, abs=0.005)
+
+
+def test_plain_steps_between_verifies_keep_the_prices() -> None:
+    """The budget asks for the draft costs every step; a plain step that is not after a
+    verify does not reprice them (nor the switch), so they are not built again."""
+    live = _switched(LiveCosts(TABLE, GateOptions()))
+    costs, switch = live.draft_costs(16), live.switch
+    for seconds in (0.009, 0.012, 0.0101):
+        live.record_plain(seconds)
+        assert live.switch == switch and live.draft_costs(16) is costs
+    live.record_verify(4, 0.010 * TABLE.cost(4))
+    live.record_plain(0.0113, after_verify=True)  # the next step after a verify reprices
+    assert live.switch != switch and live.draft_costs(16) is not costs
 
 
 def test_the_best_draft_follows_the_switch() -> None:

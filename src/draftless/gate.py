@@ -200,7 +200,9 @@ class LiveCosts:
         verify also says what that verify cost it (`switch`): its excess over a plain step,
         clamped to half a plain step either way (a stall is not a switch), is learned as
         such and the rest as a plain step. Where every plain step follows a verify the two
-        cannot be told apart, and the switch stays where it was."""
+        cannot be told apart, and the switch stays where it was. The switch is priced in
+        plain steps only at a step after a verify: the plain steps between verifies leave
+        the prices (and the budget's kept costs) as they are."""
         if seconds is None or seconds <= 0:
             return
         self._timed_verifies = 0
@@ -209,10 +211,12 @@ class LiveCosts:
             self._plain_seconds = seconds
             return
         alpha = self.options.scale_alpha
-        if after_verify:
-            excess = min(0.5 * plain, max(-0.5 * plain, seconds - plain))
-            self._switch_seconds += alpha * (excess - self._switch_seconds)
-            seconds = max(0.5 * plain, seconds - self._switch_seconds)
+        if not after_verify:
+            self._plain_seconds = plain + alpha * (seconds - plain)
+            return  # the switch, in plain steps, moves at the next one: the prices keep
+        excess = min(0.5 * plain, max(-0.5 * plain, seconds - plain))
+        self._switch_seconds += alpha * (excess - self._switch_seconds)
+        seconds = max(0.5 * plain, seconds - self._switch_seconds)
         self._plain_seconds = plain = plain + alpha * (seconds - plain)
         self.switch = max(0.0, self._switch_seconds / plain)
 
