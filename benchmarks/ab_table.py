@@ -18,10 +18,9 @@ import json
 import statistics
 from pathlib import Path
 
-from verify_price import stats_of
+from verify_price import stats_of, table_of
 
 from draftless.bench.report import modeled_speedup
-from draftless.costs import CostTable
 
 
 def rows_of(run: Path, extra: float = 0.0) -> dict[str, tuple[float, int, int, int, float]]:
@@ -30,11 +29,7 @@ def rows_of(run: Path, extra: float = 0.0) -> dict[str, tuple[float, int, int, i
     data = json.loads((run / "results.json").read_text())
     rows = {}
     for backend in data["backends"]:
-        raw = backend["cost_table"]
-        costs = tuple(
-            c + extra if k > 1 else c for k, c in zip(raw["ks"], raw["costs"], strict=True)
-        )
-        table = CostTable(tuple(raw["ks"]), costs)  # C(1) stays a plain step
+        table = table_of(backend["cost_table"], extra)  # C(1) stays a plain step
         for task in backend["tasks"]:
             for prompt in task["prompts"]:
                 m = prompt["methods"]["draftless"]

@@ -30,13 +30,18 @@ def stats_of(raw: dict) -> DecodeStats:
     return s
 
 
+def table_of(raw: dict, extra: float = 0.0) -> CostTable:
+    """A report's cost table, with `extra` plain steps added to every verify (C(k), k > 1)."""
+    costs = (c + extra if k > 1 else c for k, c in zip(raw["ks"], raw["costs"], strict=True))
+    return CostTable(tuple(raw["ks"]), tuple(costs))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("report", type=Path, help="a draftless bench results.json")
     args = ap.parse_args()
     for backend in json.loads(args.report.read_text())["backends"]:
-        raw = backend["cost_table"]
-        table = CostTable(tuple(raw["ks"]), tuple(raw["costs"]))
+        table = table_of(backend["cost_table"])
         xs: list[float] = []
         ys: list[float] = []
         for task in backend["tasks"]:

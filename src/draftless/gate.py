@@ -211,14 +211,13 @@ class LiveCosts:
             self._plain_seconds = seconds
             return
         alpha = self.options.scale_alpha
-        if not after_verify:
-            self._plain_seconds = plain + alpha * (seconds - plain)
-            return  # the switch, in plain steps, moves at the next one: the prices keep
-        excess = min(0.5 * plain, max(-0.5 * plain, seconds - plain))
-        self._switch_seconds += alpha * (excess - self._switch_seconds)
-        seconds = max(0.5 * plain, seconds - self._switch_seconds)
+        if after_verify:
+            excess = min(0.5 * plain, max(-0.5 * plain, seconds - plain))
+            self._switch_seconds += alpha * (excess - self._switch_seconds)
+            seconds = max(0.5 * plain, seconds - self._switch_seconds)
         self._plain_seconds = plain = plain + alpha * (seconds - plain)
-        self.switch = max(0.0, self._switch_seconds / plain)
+        if after_verify:  # repriced here only: between verifies the prices stay put
+            self.switch = max(0.0, self._switch_seconds / plain)
 
     def record_verify(self, k: int, seconds: float | None) -> None:
         """A verify forward of k tokens took `seconds`: move the scale toward what it says."""
