@@ -124,12 +124,13 @@ class SpecOptions:
             raise DecoderOptionsError(f"min_draft must be >= 1, got {self.min_draft}")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Shadow:
     name: str  # the gate's name
     gate: CostGate
     draft: Draft
     at: int  # the stream position the draft continues
+    agreed: int = 0  # draft tokens the stream has committed as drafted so far
 
 
 @dataclass(frozen=True, slots=True)
@@ -449,12 +450,15 @@ class SpeculativeDecoder:
         position would have accepted (decoding is lossless, so this is exact)."""
         waiting = []
         turned_on = 0
+        history = self.history
         for shadow in self._shadows:
             draft, at = shadow.draft.tokens, shadow.at
-            made = self.history[at : at + len(draft)]
-            pairs = enumerate(zip(made, draft, strict=False))  # made may still be shorter
-            accepted = next((i for i, (a, b) in pairs if a != b), len(made))
-            if accepted == len(made) and len(made) < len(draft):
+            made = min(len(history) - at, len(draft))  # committed since, up to the draft's end
+            accepted = shadow.agreed  # compared at earlier steps: only the new ones are read
+            while accepted < made and history[at + accepted] == draft[accepted]:
+                accepted += 1
+            if accepted == made < len(draft):
+                shadow.agreed = accepted
                 waiting.append(shadow)  # agrees so far; the next tokens decide
                 continue
             before = shadow.gate.turned_on

@@ -267,6 +267,10 @@ class CostGate:
         self.state = GateState.ON
         self._window: deque[_Verify] = deque(maxlen=self.options.window)
         self._shadow: deque[_Verify] = deque(maxlen=self.options.window)  # checks while OFF
+        # Bumped at every change of either: the budget reads the evidence's sums every step.
+        self._version = 0
+        self._tally_key: tuple[GateState, int] | None = None
+        self._tally_sums = (0, 0, 0)
         # Shadow checks needed to turn on: probe_steps, doubled (up to the window) each time
         # a shadow turn-on is undone before the window has filled with real verifies.
         self._need = self.options.probe_steps
@@ -308,18 +312,27 @@ class CostGate:
         """Verifies the budget learns from: the window, or the shadow checks while OFF."""
         return self._shadow if self.state is GateState.OFF else self._window
 
+    def _tally(self) -> tuple[int, int, int]:
+        """(drafted, accepted, verifies that hit a rejection) over the evidence."""
+        key = (self.state, self._version)
+        if key != self._tally_key:
+            drafted = accepted = rejections = 0
+            for v in self._evidence():
+                drafted += v.drafted
+                accepted += v.accepted
+                rejections += v.accepted < v.drafted
+            self._tally_key, self._tally_sums = key, (drafted, accepted, rejections)
+        return self._tally_sums
+
     def acceptance(self) -> float | None:
-        evidence = self._evidence()
-        drafted = sum(v.drafted for v in evidence)
-        return sum(v.accepted for v in evidence) / drafted if drafted else None
+        drafted, accepted, _ = self._tally()
+        return accepted / drafted if drafted else None
 
     def token_acceptance(self) -> float:
         """Per-token acceptance p, as if each draft token were accepted with probability p
         until the first rejection: accepted / (accepted + verifies that hit a rejection).
         The gate's prior, worth PRIOR_WEIGHT draft tokens, keeps it sane on little evidence."""
-        evidence = self._evidence()
-        accepted = sum(v.accepted for v in evidence)
-        rejections = sum(1 for v in evidence if v.accepted < v.drafted)
+        _, accepted, rejections = self._tally()
         p = self.current_prior()
         return (accepted + p * PRIOR_WEIGHT) / (accepted + rejections + PRIOR_WEIGHT)
 
@@ -417,6 +430,7 @@ class CostGate:
         """One verify forward of k new tokens that committed `committed` tokens."""
         self.live.record_verify(k, seconds)
         self._window.append(_Verify(drafted, accepted, committed, self.verify_cost(k)))
+        self._version += 1
         if self._since_on >= 0:
             self._since_on += 1
             if self._since_on >= self.options.window:  # the turn-on held: back to the base
@@ -437,6 +451,7 @@ class CostGate:
             return
         self.shadow_checks += 1
         self._shadow.append(_Verify(drafted, accepted, committed, self.verify_cost(k)))
+        self._version += 1
         if len(self._shadow) < self._need:
             return
         recent = list(self._shadow)[-self._need :]
@@ -449,6 +464,7 @@ class CostGate:
             self.turned_on += 1
             self._window.extend(recent)  # the evidence that turned it on
             self._shadow.clear()
+            self._version += 1
             self._since_on = 0
 
     # -- internals -----------------------------------------------------------------------
@@ -472,3 +488,4 @@ class CostGate:
         self.state = GateState.OFF
         self._window.clear()
         self._shadow.clear()
+        self._version += 1

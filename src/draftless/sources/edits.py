@@ -94,7 +94,8 @@ class EditLearner:
         replaced by its `new`, left to right, and where each replacement landed. A draft
         whose last tokens may be the start of an `old` ends before them, so a longer draft
         from the same source starts with a shorter one (the source protocol's promise)."""
-        if not self._first:
+        first = self._first
+        if not first or first.keys().isdisjoint(tokens):  # the usual draft: nothing to replace
             return list(tokens), []
         out: list[int] = []
         spans: list[_Span] = []

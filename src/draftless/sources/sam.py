@@ -76,6 +76,7 @@ _C1 = 2146121005  # odd multipliers < 2**31: the hash never overflows int64
 _C2 = 1540483477
 _INITIAL = 64  # initial capacity of every table
 _SMALL = 64  # token lists up to this long are validated in plain Python
+_INTS = (int, np.integer)  # what a token id may be (bool aside)
 _BULK = 4096  # appends at least this long reserve room for their transitions up front
 _EDGES_PER_TOKEN = 2  # typical transitions per token (at most 3)
 
@@ -295,7 +296,7 @@ def as_token_array(
     if isinstance(token_ids, list | tuple) and len(token_ids) <= _SMALL:
         # The decoder's hot path: a few Python ints. Checked in Python, no numpy reductions.
         for pos, t in enumerate(token_ids):
-            if not isinstance(t, int | np.integer) or isinstance(t, bool):
+            if not isinstance(t, _INTS) or isinstance(t, bool):
                 raise ValueError(f"{what} ids must be integers, got {t!r} at position {pos}")
             if t < 0 or t >= limit:
                 raise ValueError(f"{what} id {t} at position {pos} is out of range [0, {limit})")
@@ -433,15 +434,17 @@ class SamIndex:
         Past the end of the stream the copy continues over the draft itself, so a match
         always drafts exactly max_tokens tokens: draft[k] = (stream + draft)[match_end + 1 + k].
         """
-        end = self.match_end
-        if end < 0 or max_tokens <= 0:
+        if self._poisoned or max_tokens <= 0:
             return []
-        period = self.n_tokens - 1 - end  # >= 1: the occurrence ends before the last token
-        seg = self._stream[end + 1 : end + 1 + min(period, max_tokens)]
+        meta = self._meta.tolist()  # asked every step: one read of the counters
+        end = meta[_MATCH_END]
+        if meta[_MATCH_LEN] == 0 or end < 0:
+            return []
+        period = meta[_N_TOKENS] - 1 - end  # >= 1: the occurrence ends before the last token
+        seg = self._stream[end + 1 : end + 1 + min(period, max_tokens)].tolist()
         if max_tokens <= period:
-            return seg.tolist()
-        reps = -(-max_tokens // period)
-        return np.tile(seg, reps)[:max_tokens].tolist()
+            return seg
+        return (seg * -(-max_tokens // period))[:max_tokens]
 
     # -- inspection ---------------------------------------------------------------------
 
