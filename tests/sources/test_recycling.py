@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from draftless.sources import Recycling
+from draftless.sources.recycling import HOLD
 from oracles import RecyclingOracle
 
 VOCAB = 12
@@ -120,7 +121,7 @@ def test_bad_input_raises() -> None:
 
 @dataclass(frozen=True)
 class Op:
-    kind: str  # "observe", "topk" or "suggest"
+    kind: str  # "observe", "topk", "suggest" or "would" (would_draft)
     tokens: list[int]  # observe: committed tokens; topk: row tokens
     candidates: list[list[int]]  # topk: [k, K] successors, best first
     max_tokens: int = 0  # suggest
@@ -131,7 +132,7 @@ def operations(draw: st.DrawFn) -> list[Op]:
     ids = st.integers(0, VOCAB - 1)
     ops: list[Op] = []
     for _ in range(draw(st.integers(1, 30))):
-        kind = draw(st.sampled_from(["observe", "topk", "suggest"]))
+        kind = draw(st.sampled_from(["observe", "topk", "suggest", "would"]))
         if kind == "observe":
             ops.append(Op(kind, draw(st.lists(ids, max_size=6)), []))
         elif kind == "topk":
@@ -139,23 +140,49 @@ def operations(draw: st.DrawFn) -> list[Op]:
             rows = draw(st.lists(ids, min_size=k, max_size=k))
             cands = [draw(st.lists(ids, min_size=width, max_size=width, unique=True)) for _ in rows]
             ops.append(Op(kind, rows, cands))
-        else:
+        elif kind == "suggest":
             ops.append(Op(kind, [], [], draw(st.integers(0, 12))))
+        else:
+            ops.append(Op(kind, [], []))
     return ops
 
 
-@settings(max_examples=150, deadline=None)
-@given(operations())
-def test_against_the_oracle(ops: list[Op]) -> None:
+@settings(max_examples=300, deadline=None)
+@given(operations(), st.sampled_from(["at once", "held"]))
+def test_against_the_oracle(ops: list[Op], how: str) -> None:
+    """Bigrams applied at once (observe) or held as a decoder's steps leave them (the
+    cascade's path: _observe_array with the ids, applied when the matrix is read)."""
     rec, oracle = Recycling(VOCAB), RecyclingOracle()
     for op in ops:
         if op.kind == "observe":
-            rec.observe(op.tokens)
+            if how == "held":
+                rec._observe_array(np.array(op.tokens, dtype=np.int32), list(op.tokens))
+            else:
+                rec.observe(op.tokens)
             oracle.observe(op.tokens)
+            assert rec.last_token == oracle.last
         elif op.kind == "topk":
             rec.observe_topk(op.tokens, np.array(op.candidates, dtype=np.int32))
             oracle.observe_topk(op.tokens, op.candidates)
-        else:
+        elif op.kind == "suggest":
             assert rec.suggest(op.max_tokens) == oracle.suggest(op.max_tokens)
+        else:
+            assert rec.would_draft() == bool(oracle.suggest(1))
     for token in range(VOCAB):
         assert rec.row(token).tolist() == oracle.row(token)
+
+
+def test_held_bigrams_wait_until_the_matrix_is_read() -> None:
+    """A step's tokens wait (the matrix is untouched) until a read or HOLD tokens."""
+    rec = Recycling(VOCAB)
+    for t in [1, 2, 1, 3]:
+        rec._observe_array(np.array([t], dtype=np.int32), [t])
+    assert (rec._m[1:4] == -1).all()
+    assert rec.last_token == 3 and rec.would_draft() is False  # row 3 is cold
+    rec._observe_array(np.array([1], dtype=np.int32), [1])
+    assert rec.would_draft() and (rec._m[1] == -1).all()  # warm once applied; still held
+    assert rec.suggest(8) == [3, 1, 3, 1, 3, 1, 3, 1]  # 1 -> 3 (moved to front) -> 1
+    assert rec.row(1).tolist()[:2] == [3, 2]
+    for t in range(HOLD + 1):  # past HOLD the held ones are applied at once
+        rec._observe_array(np.array([t % VOCAB], dtype=np.int32), [t % VOCAB])
+    assert len(rec._held) <= HOLD

@@ -157,8 +157,9 @@ class SpeculationIndex:
         )  # the members read it and never keep it
         if tokens.shape[0] == 0:
             return
+        few = tokens.tolist() if tokens.shape[0] <= _FEW else None  # a decoder step's
         if self._edits is not None:
-            self._edits.observe(self._conversation.n_tokens, tokens.tolist())
+            self._edits.observe(self._conversation.n_tokens, few or tokens.tolist())
         try:
             self._conversation._extend_array(tokens)
         except MemoryError:
@@ -170,7 +171,7 @@ class SpeculationIndex:
         for ref in self._references:
             ref.cursor._advance_array(tokens)
         if self._recycling is not None:
-            self._recycling._observe_array(tokens)
+            self._recycling._observe_array(tokens, few)
 
     def observe_topk(self, token_ids: Sequence[int] | np.ndarray, topk_ids: np.ndarray) -> None:
         """Top-K rows of the verify forward, for recycling (ignored without it)."""

@@ -33,6 +33,11 @@ from draftless.sources.sam import as_token_array
 __all__ = ["ROW", "Recycling"]
 
 ROW = 8  # successors kept per token, and the longest chain drafted
+# Committed tokens a decoder's steps may leave waiting before their bigrams are moved to
+# the front: one compiled call then does many steps' work. Right after a forward each call
+# costs a step tens of microseconds of cold code (docs/bench/avx2/s32/cold-ops.txt), and
+# the matrix is read only where recycling drafts.
+HOLD = 64
 
 
 @njit
@@ -82,7 +87,12 @@ class Recycling:
             raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
         self._vocab_size = vocab_size
         self._m = np.full((vocab_size, ROW), -1, dtype=np.int32)  # [vocab, ROW], -1 = cold
-        self._last = -1  # last committed token (-1: none yet)
+        # The matrix holds the bigrams up to _prev (-1: none yet); the tokens committed
+        # after it wait in _held, and _heads are the first tokens of their bigrams (the
+        # rows those will warm: a move to the front never cools a row).
+        self._prev = -1
+        self._held: list[int] = []
+        self._heads: set[int] = set()
 
     @property
     def vocab_size(self) -> int:
@@ -96,20 +106,39 @@ class Recycling:
     @property
     def last_token(self) -> int:
         """The last committed token, where the next chain walk starts (-1 before any)."""
-        return self._last
+        return self._held[-1] if self._held else self._prev
 
     def row(self, token_id: int) -> np.ndarray:
         """A copy of the successors of token_id [ROW] int32, best first, -1 where cold."""
+        self._apply()
         return self._m[token_id].copy()
 
     def observe(self, committed: Sequence[int] | np.ndarray) -> None:
         """Committed-bigram move-to-front for the tokens appended to the committed stream."""
         self._observe_array(as_token_array(committed, limit=self._vocab_size))
 
-    def _observe_array(self, tokens: np.ndarray) -> None:
-        """observe() for an already validated int32 array [k] of ids < vocab_size."""
+    def _observe_array(self, tokens: np.ndarray, ids: list[int] | None = None) -> None:
+        """observe() for an already validated int32 array [k] of ids < vocab_size. Given
+        `ids`, the same tokens as Python ints (a decoder step's few), they may wait (HOLD)."""
+        if ids is not None and len(self._held) + len(ids) <= HOLD:
+            prev = self.last_token
+            for t in ids:
+                if prev >= 0:
+                    self._heads.add(prev)
+                prev = t
+            self._held.extend(ids)
+            return
+        self._apply()
         if tokens.shape[0]:
-            self._last = int(_move_to_front(self._m, self._last, tokens))
+            self._prev = int(_move_to_front(self._m, self._prev, tokens))
+
+    def _apply(self) -> None:
+        """Moves the waiting bigrams to the front, in the order they were committed."""
+        if self._held:
+            held = np.array(self._held, dtype=np.int32)
+            self._prev = int(_move_to_front(self._m, self._prev, held))
+            self._held.clear()
+            self._heads.clear()
 
     def observe_topk(self, token_ids: Sequence[int] | np.ndarray, topk_ids: np.ndarray) -> None:
         """Row token_ids[i] := topk_ids[i] ([k] ids, [k, K] int32 best first; K > 8 is cut)."""
@@ -121,6 +150,7 @@ class Recycling:
             )
         if rows.shape[0] == 0 or topk.shape[1] == 0:
             return
+        self._apply()  # the bigrams committed before these rows come first
         if topk.dtype != np.int32 or not (topk.flags.c_contiguous and topk.flags.writeable):
             flat = as_token_array(topk.reshape(-1), limit=self._vocab_size, what="top-K candidate")
             topk = flat.reshape(topk.shape)
@@ -135,7 +165,8 @@ class Recycling:
     def suggest(self, max_tokens: int) -> list[int]:
         """The top-1 chain from the last committed token: up to min(8, max_tokens) tokens."""
         out: list[int] = []
-        token = self._last
+        self._apply()
+        token = self._prev
         if token < 0:
             return out
         column = self._m[:, 0]
@@ -148,13 +179,17 @@ class Recycling:
 
     def would_draft(self) -> bool:
         """True when suggest() would return at least one token (the last token's row is warm)."""
-        return self._last >= 0 and int(self._m[self._last, 0]) >= 0
+        last = self.last_token
+        return last >= 0 and (last in self._heads or int(self._m[last, 0]) >= 0)
 
     def reset(self) -> None:
         """Forgets the last committed token (a new conversation); the matrix is kept."""
-        self._last = -1
+        self._apply()
+        self._prev = -1
 
     def clear(self) -> None:
         """Back to all-cold rows and no last token."""
         self._m.fill(-1)
-        self._last = -1
+        self._prev = -1
+        self._held.clear()
+        self._heads.clear()
