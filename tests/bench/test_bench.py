@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 from dataclasses import dataclass
@@ -424,7 +425,14 @@ def test_lockstep_loads_a_twin_and_says_so(cache: Path) -> None:
         loaded.append(InductionModel(vocab=50, seed=0))
         return loaded[-1]
 
-    backend = bench_backend(load, tasks, settings)
+    gc.unfreeze()
+    try:
+        backend = bench_backend(load, tasks, settings)
+        # both copies were left out of the collector's passes before the runs (settle_heap)
+        assert gc.get_freeze_count() > 0
+        assert not any(o is m for o in gc.get_objects() for m in loaded)
+    finally:
+        gc.unfreeze()
     assert len(loaded) == 2 and all(m.forward_calls for m in loaded)  # both copies decoded
     (pr,) = backend.tasks[0].prompts
     assert pr.methods[DRAFTLESS].identical is True

@@ -37,7 +37,13 @@ from draftless.bench.runner import (
     method_info,
 )
 from draftless.bench.tasks import Task, TaskError, load_tasks, task_names
-from draftless.cli.common import MAX_DRAFT, add_dtype_option, add_no_edits_option, make_source
+from draftless.cli.common import (
+    MAX_DRAFT,
+    add_dtype_option,
+    add_no_edits_option,
+    make_source,
+    settle_heap,
+)
 from draftless.errors import UsageError
 from draftless.models.base import Model, ModelError
 
@@ -291,6 +297,7 @@ def bench_backend(
     try:
         if settings.lockstep:
             twin = load()  # its own cache; each of ours runs on one copy, then on the other
+        settle_heap()
         if probe:
             table, origin = measure(model).table, "measured"
         else:
