@@ -33,8 +33,9 @@ def decode_and_collect(label: str) -> None:
         gc.collect()
         times.append((time.perf_counter() - t0) * 1e3)
     tracked = len(gc.get_objects())
+    passes = " ".join(f"{t:.1f}" for t in times)
     print(
-        f"{label:22} full pass {' '.join(f'{t:.1f}' for t in times)} ms; {tracked} objects tracked, "
+        f"{label:22} full pass {passes} ms; {tracked} objects tracked, "
         f"{gc.get_freeze_count()} frozen"
     )
 
