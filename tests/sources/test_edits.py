@@ -6,12 +6,12 @@ from collections.abc import Sequence
 from itertools import pairwise
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from draftless import SamplingOptions, SpecOptions, generate
 from draftless.sources import SpeculationIndex
-from draftless.sources.edits import EXPECT, MAX_EDIT, REJOIN, EditLearner
+from draftless.sources.edits import EXPECT, MAX_EDIT, REJOIN, EditLearner, _Substitution
 from fakes import InductionModel
 
 VOCAB = 400
@@ -193,3 +193,63 @@ def test_a_rename_deep_in_a_long_verified_draft_is_learned() -> None:
     assert result.token_ids == edited
     assert max(result.stats.draft_lengths) > 16 + 8  # rejections deep in long drafts
     assert sum(result.stats.resync_gaps.values()) == 1
+
+
+def apply_token_by_token(
+    learner: EditLearner, tokens: Sequence[int], at: int
+) -> tuple[list[int], list[tuple[int, tuple[int, ...], tuple[int, ...]]]]:
+    """apply()'s rule read one token at a time: the oracle for its skipping version."""
+    out: list[int] = []
+    spans: list[tuple[int, tuple[int, ...], tuple[int, ...]]] = []
+    k = 0
+    while k < len(tokens):
+        for old in learner._first.get(tokens[k], ()):
+            sub = learner._subs[old]
+            if not sub.trusted:
+                continue
+            here = tuple(tokens[k : k + len(old)])
+            if here == old:
+                spans.append((at + len(out), old, sub.new))
+                out.extend(sub.new)
+                k += len(old)
+                break
+            if len(here) < len(old) and old[: len(here)] == here:
+                return out, spans
+        else:
+            out.append(tokens[k])
+            k += 1
+    return out, spans
+
+
+_ids = st.integers(0, 6)  # a few ids: heads, overlaps and cut-off olds are frequent
+
+
+@given(
+    subs=st.lists(
+        st.tuples(
+            st.lists(_ids, min_size=1, max_size=3).map(tuple),
+            st.lists(st.integers(7, 9), min_size=0, max_size=3).map(tuple),
+            st.booleans(),
+        ),
+        max_size=6,
+    ),
+    tokens=st.lists(_ids, max_size=40),
+    at=st.integers(0, 100),
+)
+@example(subs=[((1, 2), (7,), True), ((2,), (8,), True)], tokens=[1, 2, 2], at=0)  # inside a span
+@example(subs=[((3, 4, 5), (9,), True), ((4,), (8,), True)], tokens=[4, 3, 4], at=5)  # a cut
+@settings(max_examples=300)
+def test_apply_skips_to_learned_heads_and_decides_as_token_by_token(
+    subs: list[tuple[tuple[int, ...], tuple[int, ...], bool]], tokens: list[int], at: int
+) -> None:
+    learner = EditLearner()
+    for old, new, trusted in subs:
+        if old in learner._subs:
+            continue
+        learner._subs[old] = _Substitution(new, held=0, broken=0 if trusted else 1)
+        learner._first.setdefault(old[0], []).append(old)
+    out, spans = learner.apply(np.array(tokens, dtype=np.int64), at)
+    assert all(type(t) is int for t in out)
+    assert (out, [(s.start, s.old, s.new) for s in spans]) == apply_token_by_token(
+        learner, tokens, at
+    )

@@ -27,7 +27,7 @@ a draft says (the decoder verifies every token).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 REJOIN = 6  # tokens of the source the stream follows again after an edit, to learn it
@@ -95,27 +95,33 @@ class EditLearner:
         whose last tokens may be the start of an `old` ends before them, so a longer draft
         from the same source starts with a shorter one (the source protocol's promise)."""
         first = self._first
-        if not first or first.keys().isdisjoint(tokens):  # the usual draft: nothing to replace
-            return list(tokens), []
+        seq = list(map(int, tokens))
+        if not first or first.keys().isdisjoint(seq):  # the usual draft: nothing to replace
+            return seq, []
+        # Only where a learned `old` starts is there anything to decide; the tokens between
+        # are copied as slices (asked every step: no Python work per draft token).
+        where = sorted(j for head in first.keys() & set(seq) for j in _positions(seq, head))
         out: list[int] = []
         spans: list[_Span] = []
-        k, n = 0, len(tokens)
-        while k < n:
-            for old in self._first.get(int(tokens[k]), ()):
+        k = 0  # seq[:k] is decided
+        for j in where:
+            if j < k:
+                continue  # inside a span already replaced
+            for old in first[seq[j]]:
                 sub = self._subs[old]
                 if not sub.trusted:
                     continue
-                here = tuple(int(t) for t in tokens[k : k + len(old)])
+                here = tuple(seq[j : j + len(old)])
                 if here == old:
+                    out.extend(seq[k:j])
                     spans.append(_Span(at + len(out), old, sub.new))
                     out.extend(sub.new)
-                    k += len(old)
+                    k = j + len(old)
                     break
                 if len(here) < len(old) and old[: len(here)] == here:
+                    out.extend(seq[k:j])
                     return out, spans  # cut where a longer draft could substitute
-            else:
-                out.append(int(tokens[k]))
-                k += 1
+        out.extend(seq[k:])
         return out, spans
 
     def expect(self, at: int, tokens: list[int], match_len: int, spans: list[_Span]) -> None:
@@ -210,3 +216,14 @@ class EditLearner:
         self._subs[old] = _Substitution(new)
         self._first.setdefault(old[0], []).append(old)
         self.learned += 1
+
+
+def _positions(seq: list[int], value: int) -> Iterator[int]:
+    """Every index of `value` in `seq`, in order (list.index: the scan runs in C)."""
+    j = -1
+    while True:
+        try:
+            j = seq.index(value, j + 1)
+        except ValueError:
+            return
+        yield j
