@@ -285,6 +285,38 @@ def test_failed_append_poisons_the_index(monkeypatch: pytest.MonkeyPatch) -> Non
     assert (cursor.match_len, cursor.draft(4)) == (0, [])
 
 
+@given(st.lists(st.integers(0, 3), max_size=120))
+def test_the_transitions_a_token_adds_are_counted_before_any_is_added(stream: list[int]) -> None:
+    # _extend stops before a token whose transitions lack room, so its count must never be
+    # short; it may be one over (a cloned state on the walk)
+    index = SamIndex()
+    for t in stream:
+        last = int(index._meta[3])
+        need = sam_module._new_transitions(index._st, index._ed, index._ht, last, t)
+        before = index.n_transitions
+        index.extend([t])
+        assert index.n_transitions - before <= need <= index.n_transitions - before + 1
+
+
+def test_an_append_without_room_stops_before_the_token_and_the_index_grows() -> None:
+    index = SamIndex()
+    index.extend([1, 2, 1])
+    n_edges = index.n_transitions
+    meta = index._meta.copy()
+    full = index._ed[:n_edges]  # no room for one more transition
+    tokens = np.array([3, 1, 2], dtype=np.int32)
+    done = sam_module._extend(index._st, full, index._ht, index._stream, index._meta, tokens)
+    assert done == 0
+    assert (index._meta == meta).all()  # the automaton of [1, 2, 1], untouched
+    index.check_integrity()
+    for _ in range(200):  # past the initial tables, a few regrowths, one token at a time
+        index.extend(tokens)
+    assert not index.poisoned
+    index.check_integrity()
+    length, ends = prior_match([1, 2, 1, *[3, 1, 2] * 200])
+    assert (index.match_len, index.match_end in ends) == (length, True)
+
+
 # -- frozen mode and external cursors -----------------------------------------------------
 
 

@@ -124,15 +124,11 @@ def _rehash(ht, n_slots):
 def _put(st, ed, ht, n_edges, state, token, dst, sl):
     """Adds the transition state -token-> dst (absent; `sl` is its _slot code).
 
-    Grows the edge pool and the hash table (load <= 3/4) by 1.5x when needed; returns them.
+    `_extend` has made sure of the room: an edge, and a slot at load <= 3/4. Checked anyway:
+    a full table raises, never writes past its end.
     """
-    if 4 * (n_edges + 1) > 3 * ht.shape[0]:
-        ht = _rehash(ht, ht.shape[0] * 3 // 2)
-        sl = _slot(ht, state, token)
-    if n_edges == ed.shape[0]:
-        grown = np.empty((ed.shape[0] * 3 // 2, 2), dtype=np.int32)
-        grown[:n_edges] = ed
-        ed = grown
+    if n_edges >= ed.shape[0] or 4 * (n_edges + 1) > 3 * ht.shape[0]:
+        raise MemoryError("SamIndex: no room for a transition")
     ed[n_edges, 0] = token
     ed[n_edges, 1] = st[state, _FIRST]
     st[state, _FIRST] = n_edges
@@ -140,15 +136,43 @@ def _put(st, ed, ht, n_edges, state, token, dst, sl):
     ht[h, 0] = state
     ht[h, 1] = token
     ht[h, 2] = dst
-    return ed, ht
+
+
+@njit
+def _new_transitions(st, ed, ht, last, t):
+    """At most how many transitions appending `t` after the state `last` adds (reads only:
+    exact but for a clone of a state the walk gives a transition on `t` too)."""
+    need = 0
+    p = last
+    sl = -1
+    while p != -1:
+        sl = _slot(ht, p, t)
+        if sl >= 0:
+            break
+        need += 1
+        p = st[p, _LINK]
+    if p != -1:
+        q = ht[sl, 2]
+        if st[p, _LEN] + 1 != st[q, _LEN]:  # a clone: it copies q's transitions
+            need += 1  # q may be on the walk, and gain its transition on t before the copy
+            e = st[q, _FIRST]
+            while e != -1:
+                need += 1
+                e = ed[e, 1]
+    return need
 
 
 @njit
 def _extend(st, ed, ht, stream, meta, tokens):
-    """Appends `tokens` to the automaton; returns the (possibly regrown) edge pool and table.
+    """Appends `tokens` to the automaton, in place, as far as the edge pool and the hash
+    table have room (load <= 3/4); returns how many were appended.
 
-    The caller reserves room in `st` (2 states per token) and `stream`; `meta` is updated
-    in place once, at the end, so a failure half-way leaves it describing the old stream.
+    Each token's transitions are counted before any is added, so a stop leaves a whole
+    automaton of the tokens before it; the caller grows the tables and calls again with the
+    rest. An int comes back, not regrown tables: arrays handed back to Python cost the
+    decoder's step ~10 us, right after a forward (docs/bench/avx2/s33). The caller reserves
+    room in `st` (2 states per token) and `stream`; `meta` is updated in place once, at the
+    end, so a failure half-way leaves it describing the old stream.
     """
     n_states = meta[_N_STATES]
     n_edges = meta[_N_EDGES]
@@ -157,8 +181,13 @@ def _extend(st, ed, ht, stream, meta, tokens):
     match = meta[_MATCH_STATE]
     match_len = meta[_MATCH_LEN]
     match_end = meta[_MATCH_END]
+    done = tokens.shape[0]
     for k in range(tokens.shape[0]):
         t = tokens[k]
+        need = _new_transitions(st, ed, ht, last, t)
+        if n_edges + need > ed.shape[0] or 4 * (n_edges + need) > 3 * ht.shape[0]:
+            done = k  # no room for this token's transitions: the caller grows the tables
+            break
         i = n
         stream[i] = t
         n += 1
@@ -175,7 +204,7 @@ def _extend(st, ed, ht, stream, meta, tokens):
             sl = _slot(ht, p, t)
             if sl >= 0:
                 break
-            ed, ht = _put(st, ed, ht, n_edges, p, t, cur, sl)
+            _put(st, ed, ht, n_edges, p, t, cur, sl)
             n_edges += 1
             st[p, _SAMPLE] = i - 1  # p is a suffix of stream[:i]: i - 1 is a prior end
             p = st[p, _LINK]
@@ -200,7 +229,7 @@ def _extend(st, ed, ht, stream, meta, tokens):
             while e != -1:
                 tok = ed[e, 0]
                 dst = ht[_slot(ht, q, tok), 2]
-                ed, ht = _put(st, ed, ht, n_edges, clone, tok, dst, _slot(ht, clone, tok))
+                _put(st, ed, ht, n_edges, clone, tok, dst, _slot(ht, clone, tok))
                 n_edges += 1
                 e = ed[e, 1]
             while p != -1:
@@ -223,7 +252,7 @@ def _extend(st, ed, ht, stream, meta, tokens):
     meta[_MATCH_STATE] = match
     meta[_MATCH_LEN] = match_len
     meta[_MATCH_END] = match_end
-    return ed, ht
+    return done
 
 
 @njit
@@ -375,18 +404,23 @@ class SamIndex:
         if self._poisoned or k == 0:
             return
         try:
-            n = int(self._meta[_N_TOKENS])
-            n_states = int(self._meta[_N_STATES])
-            self._stream = _reserve(self._stream, n + k)
-            self._st = _reserve(self._st, n_states + 2 * k)
+            counts = self._meta.tolist()  # one read of the counters
+            n, n_states = counts[_N_TOKENS], counts[_N_STATES]
+            if self._stream.shape[0] < n + k:
+                self._stream = _reserve(self._stream, n + k)
+            if self._st.shape[0] < n_states + 2 * k:
+                self._st = _reserve(self._st, n_states + 2 * k)
             if k >= _BULK:  # a document: size the transitions once instead of regrowing
-                edges = int(self._meta[_N_EDGES]) + _EDGES_PER_TOKEN * k
+                edges = counts[_N_EDGES] + _EDGES_PER_TOKEN * k
                 self._ed = _reserve(self._ed, edges)
                 if 4 * edges > 3 * self._ht.shape[0]:
                     self._ht = _rehash(self._ht, 4 * edges // 3 + 1)
-            self._ed, self._ht = _extend(
-                self._st, self._ed, self._ht, self._stream, self._meta, tokens
-            )
+            done = _extend(self._st, self._ed, self._ht, self._stream, self._meta, tokens)
+            while done < k:  # out of room for a token's transitions: grow by 1.5x, go on
+                self._ed = _reserve(self._ed, self._ed.shape[0] * 3 // 2)
+                self._ht = _rehash(self._ht, self._ht.shape[0] * 3 // 2)
+                rest = tokens[done:]
+                done += _extend(self._st, self._ed, self._ht, self._stream, self._meta, rest)
         except BaseException:
             self._poisoned = True
             raise
