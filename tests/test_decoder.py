@@ -667,9 +667,11 @@ def test_a_losing_member_is_gated_off_without_silencing_a_winning_one() -> None:
     model = InductionModel(VOCAB, seed=12)
     expected = plain(model, GREEDY, 400)
     source = TwoMembers(PROMPT + expected)
-    # flat enough that both members start on at the prior (0.5 for drafts without a match)
+    # flat enough that both members start on at the prior (0.5 for drafts without a match);
+    # the table prices the verifies, not the wall clock (a pause in a fake model's step
+    # would rescale them: the test failed now and then in a full run)
     dec = SpeculativeDecoder(
-        model, source=source, cost_table=CostTable((1, 2, 17), (1.0, 1.2, 4.0))
+        model, source=source, cost_table=CostTable((1, 2, 17), (1.0, 1.2, 4.0)), clock=None
     )
     model.truncate(0)
     dec.append(PROMPT)
