@@ -21,6 +21,7 @@ from draftless.bench.runner import (
     Settings,
     first_mismatch,
     lockstep,
+    paired_ratio,
 )
 from draftless.bench.tasks import (
     MIN_PROMPTS,
@@ -415,6 +416,73 @@ def test_a_lockstep_bench_swaps_the_copies_every_rep() -> None:
         # draftless the other way round, in fewer forwards (the same ones in both reps)
         assert spec.decode_seconds[0] == 10 * spec.decode_seconds[1] < 10 * 23.0
         assert spec.stats is not None and spec.stats.verify_steps > 0
+        # the speedup pairs the reps; the copies' 10x cancels in logs (the median of the two
+        # ratios would read 50.5 times the speedup over 10): plain's 1 a token on the cheap
+        # copy over draftless's seconds a token there
+        ours_per_token = spec.decode_seconds[1] / spec.decode_tokens
+        assert spec.speedup == pytest.approx(1.0 / ours_per_token)
+
+
+def test_a_lockstep_bench_reads_each_rep_against_its_own_pair() -> None:
+    # the machine slows rep by rep (every forward costs 1, 2, 3 in reps 0, 1, 2, both runs
+    # alike) and draftless stalls once on its own in rep 0: its speedup is each rep's ratio
+    clock = _FakeClock()
+    model, twin = InductionModel(vocab=50, seed=0), InductionModel(vocab=50, seed=0)
+    runner = Runner(
+        model,
+        _ours(model),
+        reps=3,
+        max_new_tokens=24,
+        prompts_per_task=1,
+        warmup=False,
+        warmup_each_prompt=False,
+        log=lambda _: None,
+        twin=twin,
+        clock=clock,
+    )
+    task = load_tasks(["grounded-copy"])[0]
+    prompt = len(runner.jobs(task)[0].ids)
+    firsts, twins = [0], [0]  # runs started (two a rep), the twin's forwards
+
+    def charge(copy: InductionModel) -> None:
+        def on_forward(ids: list[int]) -> None:
+            firsts[0] += copy.n_past == prompt - 1  # a run's first forward
+            twins[0] += copy is twin
+            stall = 30.0 if copy is twin and twins[0] == 2 else 0.0  # rep 0's draftless
+            clock.now += (firsts[0] - 1) // 2 + 1 + stall
+
+        copy.on_forward = on_forward
+
+    charge(model)
+    charge(twin)
+    (result,) = runner.run([task])
+    plain, spec = result.prompts[0].methods[PLAIN], result.prompts[0].methods[DRAFTLESS]
+    assert plain.decode_seconds == (23.0, 46.0, 69.0)
+    # its forwards after the first, x1 (+30: its gate reads the clock, so may decide
+    # otherwise in that rep), x2, x3
+    stalled, slow, slower = spec.decode_seconds
+    assert stalled > 30 and slow / 2 == slower / 3 < 23
+    per_token = zip(plain.decode_seconds, spec.decode_seconds, strict=True)
+    ratios = [p / plain.decode_tokens / (s / spec.decode_tokens) for p, s in per_token]
+    assert spec.speedup == pytest.approx(sorted(ratios)[1])  # rep 1's or rep 2's: equal
+    assert ratios[1] == pytest.approx(ratios[2]) and ratios[0] < 0.9 * ratios[1]
+    # each side's median pairs rep 1's plain with the stalled run: it would read 10% lower
+    unpaired = 46.0 / plain.decode_tokens / (stalled / spec.decode_tokens)
+    assert unpaired < 0.9 * spec.speedup
+
+
+def test_a_paired_speedup_is_not_moved_by_drift_or_by_one_runs_stall() -> None:
+    # the machine slows rep by rep (x1, x2, x3, both runs alike); draftless, 2.3x faster,
+    # stalls once on its own (+15 in rep 0): each rep's own ratio still reads 2.3 in two of three
+    plain, ours = [23.0, 46.0, 69.0], [10.0 + 15.0, 20.0, 30.0]
+    assert paired_ratio(plain, 100, ours, 100) == pytest.approx(2.3)  # each side's median:
+    # rep 1's plain over rep 0's stalled run, 46 / 25 = 1.84
+    assert paired_ratio([1.0, 10.0], 1, [10.0, 1.0], 1) == pytest.approx(1.0)  # in logs
+    # per token: rep 0 (2 / 10) / (1 / 5) = 1, rep 1 2; the geometric mean of the two
+    assert paired_ratio([2.0, 4.0], 10, [1.0, 1.0], 5) == pytest.approx(2.0**0.5)
+    assert paired_ratio([1.0, 1.0], 10, [0.0, 1.0], 10) is None  # a rep with no time
+    with pytest.raises(ValueError):
+        paired_ratio([1.0, 2.0], 1, [1.0], 1)
 
 
 def test_lockstep_loads_a_twin_and_says_so(cache: Path) -> None:

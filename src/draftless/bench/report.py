@@ -279,7 +279,9 @@ def markdown(result: BenchResult) -> str:
         f"{st.max_new_tokens} new tokens at most, greedy unless noted)"
         + (
             "; lockstep: draftless and its plain a step each in turn, each on its own copy "
-            "of the model, the copies swapped every rep (peers run whole)"
+            "of the model, the copies swapped every rep (peers run whole); their speedup on a "
+            "prompt is the median of each rep's own ratio (in logs: an even number of reps "
+            "gives the geometric mean of the middle two)"
             if st.lockstep
             else ""
         )

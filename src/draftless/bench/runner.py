@@ -23,6 +23,7 @@ the whole task, and acceptance and tokens per step summed over every speculative
 
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 import time
@@ -426,21 +427,27 @@ class Runner:
                 if key not in gaps:
                     gaps[key] = logit_gap(self.model, job.ids, reference.token_ids, other, at)
                 results[m.name] = replace(r, mismatch_gap=gaps[key])
+        paired = {m.name for m in ours}  # ran in lockstep: each rep's two runs share its time
         for m in self.methods:  # speedups need every method's medians first
             if m.baseline is not None:
                 mine, base = results[m.name], results[m.baseline]
-                results[m.name] = replace(
-                    mine,
-                    speedup=_ratio(
+                if m.name in paired and m.baseline in paired:
+                    speedup = paired_ratio(
+                        base.decode_seconds,
+                        base.decode_tokens,
+                        mine.decode_seconds,
+                        mine.decode_tokens,
+                    )
+                    e2e = paired_ratio(base.seconds, base.tokens, mine.seconds, mine.tokens)
+                else:
+                    speedup = _ratio(
                         base.median_decode_seconds,
                         base.decode_tokens,
                         mine.median_decode_seconds,
                         mine.decode_tokens,
-                    ),
-                    speedup_e2e=_ratio(
-                        base.median_seconds, base.tokens, mine.median_seconds, mine.tokens
-                    ),
-                )
+                    )
+                    e2e = _ratio(base.median_seconds, base.tokens, mine.median_seconds, mine.tokens)
+                results[m.name] = replace(mine, speedup=speedup, speedup_e2e=e2e)
         plain = results[PLAIN]
         stop = (
             "stop"
@@ -556,6 +563,25 @@ def _ratio(t_base: float, n_base: int, t_mine: float, n_mine: int) -> float | No
     if t_base <= 0 or t_mine <= 0 or n_base <= 0 or n_mine <= 0:
         return None
     return (t_base / n_base) / (t_mine / n_mine)
+
+
+def paired_ratio(
+    base: Sequence[float], n_base: int, mine: Sequence[float], n_mine: int
+) -> float | None:
+    """The speedup of runs paired rep by rep (lockstep): the median of the reps' own ratios,
+    taken in logs, so an even number of reps gives the geometric mean of the middle two.
+
+    A rep's two runs share every stretch of the machine's time, so its ratio is the paired
+    measurement; the median of each side's seconds would pair one rep's plain with another
+    rep's draftless and let one run's own stall, or a drift across reps, move the ratio. In
+    logs, the two copies of the model (which swap every rep and run a little apart) cancel
+    over an even number of reps: paired_ratio([1, 10], 1, [10, 1], 1) == 1.0, where the
+    median of the ratios [0.1, 10] would read 5.05.
+    """
+    ratios = [_ratio(b, n_base, m, n_mine) for b, m in zip(base, mine, strict=True)]
+    if not ratios or any(r is None for r in ratios):
+        return None
+    return math.exp(statistics.median(math.log(r) for r in ratios if r is not None))
 
 
 def summarize(m: Method, prompts: Sequence[PromptResult]) -> MethodSummary:
