@@ -309,7 +309,7 @@ def test_an_append_without_room_stops_before_the_token_and_the_index_grows() -> 
     assert done == 0
     assert (index._meta == meta).all()  # the automaton of [1, 2, 1], untouched
     index.check_integrity()
-    for _ in range(200):  # past the initial tables, a few regrowths, one token at a time
+    for _ in range(200):  # past the initial tables, a few regrowths, three tokens an append
         index.extend(tokens)
     assert not index.poisoned
     index.check_integrity()

@@ -431,23 +431,17 @@ class Runner:
         for m in self.methods:  # speedups need every method's medians first
             if m.baseline is not None:
                 mine, base = results[m.name], results[m.baseline]
-                if m.name in paired and m.baseline in paired:
-                    speedup = paired_ratio(
+                ratio = paired_ratio if {m.name, m.baseline} <= paired else median_ratio
+                results[m.name] = replace(
+                    mine,
+                    speedup=ratio(
                         base.decode_seconds,
                         base.decode_tokens,
                         mine.decode_seconds,
                         mine.decode_tokens,
-                    )
-                    e2e = paired_ratio(base.seconds, base.tokens, mine.seconds, mine.tokens)
-                else:
-                    speedup = _ratio(
-                        base.median_decode_seconds,
-                        base.decode_tokens,
-                        mine.median_decode_seconds,
-                        mine.decode_tokens,
-                    )
-                    e2e = _ratio(base.median_seconds, base.tokens, mine.median_seconds, mine.tokens)
-                results[m.name] = replace(mine, speedup=speedup, speedup_e2e=e2e)
+                    ),
+                    speedup_e2e=ratio(base.seconds, base.tokens, mine.seconds, mine.tokens),
+                )
         plain = results[PLAIN]
         stop = (
             "stop"
@@ -563,6 +557,13 @@ def _ratio(t_base: float, n_base: int, t_mine: float, n_mine: int) -> float | No
     if t_base <= 0 or t_mine <= 0 or n_base <= 0 or n_mine <= 0:
         return None
     return (t_base / n_base) / (t_mine / n_mine)
+
+
+def median_ratio(
+    base: Sequence[float], n_base: int, mine: Sequence[float], n_mine: int
+) -> float | None:
+    """The speedup of runs not paired rep by rep: each side's median seconds."""
+    return _ratio(statistics.median(base), n_base, statistics.median(mine), n_mine)
 
 
 def paired_ratio(
