@@ -10,9 +10,11 @@
 The rule, stop=S,H[,prior]: a verify whose draft, all lost, would cost more than S x max(tokens
 committed so far, H) plus what the verifies have gained so far (committed minus cost, by the
 table) is cut to the longest draft whose loss fits, else becomes a plain step (",prior": only
-drafts of a gate on its prior alone). By construction the verifies' net loss by the table
-stays under S x max(n, H): a floor of 1 / (1 + S) on answers of H tokens or more. Scored as
-docs/bench/avx2/s31/floor_variants.py scores (its `score`, its saved hooks).
+drafts of a gate on its prior alone); by construction the verifies' net loss by the table
+stays under S x max(n, H): a floor of 1 / (1 + S) on answers of H tokens or more. cut=S,H:
+the same, but a draft is never refused, only cut, down to the shortest the decoder verifies
+(min_draft). Scored as docs/bench/avx2/s31/floor_variants.py scores (its `score`, its saved
+hooks).
 """
 
 import json
@@ -30,7 +32,7 @@ from draftless.costs import CostTable  # noqa: E402
 
 
 def stoploss(args):
-    slack, horizon, prior_only = args
+    slack, horizon, prior_only, keep_min = args
 
     def account(self, draft, committed, seconds, gate):
         if draft is not None:
@@ -49,7 +51,9 @@ def stoploss(args):
             d = len(draft.tokens)
             while d >= min_draft and self.live_costs.verify_cost(d + 1) - 1 > budget:
                 d -= 1
-            if d < min_draft:
+            if d < min_draft and keep_min:
+                d = min_draft  # never refused: cut to the shortest draft
+            elif d < min_draft:
                 return None, None
             return type(draft)(draft.tokens[:d], draft.member, draft.match_len), gate
         return draft, gate
@@ -63,8 +67,11 @@ table = CostTable(tuple(spec["ks"]), tuple(spec["costs"]))
 variants = [("base", None, None)]
 for h in (64, 128, 192):
     for s in (0.02,):
-        variants.append((f"stop={s},{h}", stoploss, (s, h, False)))
-        variants.append((f"stop={s},{h},prior", stoploss, (s, h, True)))
+        variants.append((f"stop={s},{h}", stoploss, (s, h, False, False)))
+        variants.append((f"stop={s},{h},prior", stoploss, (s, h, True, False)))
+for s in (0.01, 0.02):
+    for h in (0, 64, 192):
+        variants.append((f"cut={s},{h}", stoploss, (s, h, False, True)))
 for name, rule, value in variants:
     F.reset()
     if rule is not None:
