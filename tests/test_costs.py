@@ -10,22 +10,30 @@ from fakes import InductionModel
 
 
 class TimedModel(InductionModel):
-    """On a fake clock, a forward of k tokens takes 1 + 0.5 (k - 1) units, and every third
-    one is disturbed (3x slower): best-of-reps must see through it. C(k) = 1 + 0.5 (k - 1)."""
+    """On a fake clock, a forward of k tokens takes 1 + 0.5 (k - 1) units, so C(k) = 1 + 0.5
+    (k - 1); every seventh forward is stalled (3x slower), and from the `slow_from`-th forward
+    on the machine runs at half speed (a neighbour's job started): a probe must see through
+    both."""
 
     backend = "llamacpp"
 
-    def __init__(self, **kwargs) -> None:
+    def __init__(self, slow_from: int | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         self.now = 0.0
         self.calls = 0
+        self.slow_from = slow_from
 
     def clock(self) -> float:
         return self.now
 
     def forward(self, token_ids):
         self.calls += 1
-        self.now += (1 + 0.5 * (len(token_ids) - 1)) * (3.0 if self.calls % 3 == 0 else 1.0)
+        units = 1 + 0.5 * (len(token_ids) - 1)
+        if self.calls % 7 == 0:
+            units *= 3.0
+        if self.slow_from is not None and self.calls >= self.slow_from:
+            units *= 2.0
+        self.now += units
         return super().forward(token_ids)
 
 
@@ -41,6 +49,18 @@ def test_measure_recovers_the_cost_curve_and_leaves_the_cache_empty() -> None:
     assert result.table.ks == (1, 2, 4, 8)
     assert result.table.costs == (1.0, 1.5, 2.5, 4.5)
     assert result.plain_seconds == 1.0
+    assert model.n_past == 0
+
+
+@pytest.mark.parametrize("slow_from", [10, 20, 30, 45])
+def test_measure_sees_through_a_machine_that_slows_down_mid_probe(slow_from: int) -> None:
+    """The machine halves its speed part-way through the probe. Timing every rep of k = 1
+    first and the widest last read C(8) as 9.0 for 4.5 (a 2-thread 1.5B's table on a shared
+    Zen 4 read C(64) 32 for 24, and a copy lost a third of its speedup); each k beside its
+    own plain step reads the curve whatever the moment."""
+    model = TimedModel(vocab=3000, slow_from=slow_from)
+    result = measure(model, ks=(1, 2, 4, 8, 16), context=16, reps=5, clock=model.clock)
+    assert result.table.costs == (1.0, 1.5, 2.5, 4.5, 8.5)
     assert model.n_past == 0
 
 

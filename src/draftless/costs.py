@@ -14,6 +14,7 @@ import hashlib
 import json
 import math
 import os
+import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -171,34 +172,57 @@ def measure(
     ks: Sequence[int] = PROBE_KS,
     context: int = 256,
     reps: int = 5,
-    on_progress: Callable[[int, float], None] | None = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> ProbeResult:
-    """Time forwards of k tokens at `context` tokens of cache, truncating back after each."""
+    """Time forwards of k tokens at `context` tokens of cache, truncating back after each,
+    each beside a plain step: C(k) is the median over `reps` rounds of a k-token forward's
+    time over the plain step's just before it, and each round runs every k (ascending, then
+    descending in the next).
+
+    The probe timed every rep of k = 1 first and every rep of k = 65 last, a minute or two
+    later, so a machine whose speed moved in between (a boost clock decaying, a neighbour's
+    job starting) went into the table's shape: every C(k) measured against a plain step of
+    another moment. Here a pair shares its moment and the median drops a round a stall hit.
+    What the shape is depends on the machine's state all the same: on a shared Zen 4 the
+    2-thread 1.5B read C(16) 8.05 and C(64) 32.3 in one probe and 6.02 and 24.5 in another,
+    and the first table cost a copy a third of its speedup (docs/bench/avx512/s35): probe
+    when the machine is as it will be when it decodes. Each plain step follows an untimed
+    one, so it is timed in its own shape (llama.cpp rebuilds a graph when the batch shape
+    changes); a verify pays that rebuild going in, as it does in decoding."""
     rng = np.random.default_rng(0)
     vocab = model.vocab_size
     low = min(1000, vocab // 2)
     filler = rng.integers(low, min(vocab, low + 20000), size=context + max(ks)).tolist()
     model.truncate(0)
     model.prefill(filler[:context])
-    best: dict[int, float] = {}
-    for _ in range(2):  # warm-up
-        model.forward(filler[context : context + 8])
+
+    def timed(k: int) -> float:
+        t0 = clock()
+        model.forward(filler[context : context + k])
+        seconds = clock() - t0
         model.truncate(context)
-    for k in ks:
-        times = []
-        for _ in range(reps):
-            t0 = clock()
-            model.forward(filler[context : context + k])
-            times.append(clock() - t0)
-            model.truncate(context)
-        best[k] = min(times)
-        if on_progress is not None:
-            on_progress(k, best[k])
+        return seconds
+
+    for _ in range(2):  # warm-up
+        timed(8)
+    wide = sorted(k for k in ks if k > 1)
+    ratios: dict[int, list[float]] = {k: [] for k in wide}
+    plains: list[float] = []
+    for rep in range(reps):
+        for k in wide if rep % 2 == 0 else wide[::-1]:
+            timed(1)  # the shape of a plain step again, untimed
+            plain = timed(1)
+            plains.append(plain)
+            ratios[k].append(timed(k) / plain if plain > 0 else 1.0)
+    if not wide:  # only k = 1 asked for: the plain step alone
+        timed(1)
+        plains = [timed(1) for _ in range(reps)]
     model.truncate(0)
-    plain = best[min(ks)]
-    table = CostTable(tuple(ks), tuple(max(1.0, best[k] / plain) if k > 1 else 1.0 for k in ks))
-    return ProbeResult(table, plain, context, reps)
+    table = CostTable(
+        tuple(sorted(set(ks))),
+        tuple(1.0 if k <= 1 else max(1.0, statistics.median(ratios[k])) for k in sorted(set(ks))),
+    )
+    return ProbeResult(table, statistics.median(plains), context, reps)
 
 
 def store(model: Model, result: ProbeResult) -> Path:
