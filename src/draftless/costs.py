@@ -176,8 +176,8 @@ def measure(
 ) -> ProbeResult:
     """Time forwards of k tokens at `context` tokens of cache, truncating back after each,
     each beside a plain step: C(k) is the median over `reps` rounds of a k-token forward's
-    time over the plain step's just before it, and each round runs every k (ascending, then
-    descending in the next).
+    time over that of the plain step timed just before it, and each round runs every k
+    (ascending, then descending in the next).
 
     The probe timed every rep of k = 1 first and every rep of k = 65 last, a minute or two
     later, so a machine whose speed moved in between (a boost clock decaying, a neighbour's
@@ -186,9 +186,11 @@ def measure(
     What the shape is depends on the machine's state all the same: on a shared Zen 4 the
     2-thread 1.5B read C(16) 8.05 and C(64) 32.3 in one probe and 6.02 and 24.5 in another,
     and the first table cost a copy a third of its speedup (docs/bench/avx512/s35): probe
-    when the machine is as it will be when it decodes. Each plain step follows an untimed
-    one, so it is timed in its own shape (llama.cpp rebuilds a graph when the batch shape
-    changes); a verify pays that rebuild going in, as it does in decoding."""
+    when the machine is as it will be when it decodes. Each forward is timed after an
+    untimed one of its own shape, as before: llama.cpp rebuilds its graph when the batch
+    shape changes, and a table that counted those rebuilds was 12-15% dearer and cost
+    SmolLM2's copies (README, "What the table does not count"); `LiveCosts` prices them
+    apart. Twice the forwards of the old order, so a probe takes about twice as long."""
     rng = np.random.default_rng(0)
     vocab = model.vocab_size
     low = min(1000, vocab // 2)
@@ -210,8 +212,9 @@ def measure(
     plains: list[float] = []
     for rep in range(reps):
         for k in wide if rep % 2 == 0 else wide[::-1]:
-            timed(1)  # the shape of a plain step again, untimed
+            timed(1)  # each forward after an untimed one of its own shape
             plain = timed(1)
+            timed(k)
             plains.append(plain)
             ratios[k].append(timed(k) / plain if plain > 0 else 1.0)
     if not wide:  # only k = 1 asked for: the plain step alone
