@@ -55,9 +55,10 @@ def test_measure_recovers_the_cost_curve_and_leaves_the_cache_empty() -> None:
 @pytest.mark.parametrize("slow_from", [10, 20, 30, 45])
 def test_measure_sees_through_a_machine_that_slows_down_mid_probe(slow_from: int) -> None:
     """The machine halves its speed part-way through the probe. Timing every rep of k = 1
-    first and the widest last read C(8) as 9.0 for 4.5 (a 2-thread 1.5B's table on a shared
-    Zen 4 read C(64) 32 for 24, and a copy lost a third of its speedup); each k beside its
-    own plain step reads the curve whatever the moment."""
+    first and the widest last read C(4) as 5.0 for 2.5 (a table's shape matters: on a shared
+    Zen 4 two probes of the 2-thread 1.5B read C(64) 32 and 24, and a copy made 1.39x on the
+    first, 2.07x on the second); each k beside its own plain step reads the curve whatever
+    the moment."""
     model = TimedModel(vocab=3000, slow_from=slow_from)
     result = measure(model, ks=(1, 2, 4, 8, 16), context=16, reps=5, clock=model.clock)
     assert result.table.costs == (1.0, 1.5, 2.5, 4.5, 8.5)
